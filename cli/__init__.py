@@ -1,0 +1,1 @@
+"""The `brorl` command line: client, server, and local trainer commands."""

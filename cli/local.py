@@ -1,0 +1,5 @@
+"""brorl local commands."""
+
+
+def register(app):
+    pass

@@ -1,0 +1,5 @@
+"""brorl remote commands."""
+
+
+def register(app):
+    pass

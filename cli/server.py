@@ -1,0 +1,5 @@
+"""brorl server commands."""
+
+
+def register(app):
+    pass

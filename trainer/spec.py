@@ -1,0 +1,304 @@
+"""The job spec, version 1: one frozen pydantic model that is the whole job.
+
+The API takes it as the request body, the database stores its JSON, the worker rebuilds it
+and the trainer runs it (ARCHITECTURE.md rule 1). It must stay importable without torch:
+only pydantic, the standard library and (lazily, for task-name checks) reasoning-gym.
+Field names, defaults and bounds follow shared/JOBSPEC.md; cross-field rules live here so
+that bad input is refused before anything is queued, with a message naming the field.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+SPEC_VERSION = 1
+MAX_SAMPLES_PER_STEP = 1_048_576
+MAX_TOTAL_STEPS = 1_000_000
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FieldError(ValueError):
+    """A cross-field rule broken at `path` (dotted, relative to the whole spec)."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+# --------------------------------------------------------------------------- model
+
+
+class ModelSpec(_Frozen):
+    path: str = Field("builtin:tiny", min_length=1, max_length=4096,
+                      description="HF model folder, HF hub id, or builtin:tiny (built on the worker).")
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+
+
+# --------------------------------------------------------------------------- task
+
+
+@functools.lru_cache(maxsize=1)
+def reasoning_gym_task_names() -> tuple[str, ...]:
+    """Registered reasoning-gym task names (imported lazily: it is not needed elsewhere)."""
+    from reasoning_gym.factory import DATASETS
+
+    return tuple(sorted(DATASETS))
+
+
+class ReasoningGymTask(_Frozen):
+    name: str = Field(..., min_length=1, description="A registered reasoning-gym task.")
+    config: dict[str, Any] = Field(default_factory=dict, description="The task's config fields.")
+    train_size: int = Field(10_000, ge=1, le=10_000_000)
+    eval_size: int = Field(200, ge=1, le=100_000)
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        names = reasoning_gym_task_names()
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+            hint = f"; close matches: {', '.join(close)}" if close else ""
+            raise ValueError(f"unknown reasoning-gym task {name!r}{hint}")
+        return name
+
+    @model_validator(mode="after")
+    def _config_is_valid(self) -> "ReasoningGymTask":
+        from reasoning_gym.factory import DATASETS
+
+        _, config_cls = DATASETS[self.name]
+        try:
+            cfg = config_cls(**self.config)
+            if hasattr(cfg, "validate"):
+                cfg.validate()
+        except (TypeError, ValueError, AssertionError) as exc:
+            raise FieldError("task.reasoning_gym.config", f"invalid for {self.name}: {exc}") from None
+        return self
+
+
+class DatasetTask(_Frozen):
+    id: str = Field(..., min_length=1, max_length=64, description="An uploaded JSONL dataset (ds_...).")
+    verifier: Literal["exact", "numeric", "math", "regex"] = "exact"
+    eval_fraction: float = Field(0.05, gt=0, lt=1)
+    numeric_tolerance: float = Field(1e-6, ge=0, description="Relative tolerance for `numeric`.")
+
+
+class TaskSpec(_Frozen):
+    reasoning_gym: ReasoningGymTask | None = None
+    dataset: DatasetTask | None = None
+    prompt_template: str | None = Field(
+        None, max_length=20_000,
+        description="null: the default prompt asking for <answer>...</answer>; else must contain {question}.")
+    reward: Literal["binary", "score"] = "binary"
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _has_question(cls, v: str | None) -> str | None:
+        if v is not None and "{question}" not in v:
+            raise ValueError("must contain the placeholder {question}")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "TaskSpec":
+        if (self.reasoning_gym is None) == (self.dataset is None):
+            raise FieldError("task", "give exactly one of reasoning_gym or dataset")
+        return self
+
+
+# --------------------------------------------------------------------------- rollout
+
+
+class Stage(_Frozen):
+    n: int = Field(..., ge=2, le=4096, description="Rollouts per prompt.")
+    prompts_per_step: int = Field(..., ge=1, le=8192)
+    steps: int = Field(..., ge=1, le=MAX_TOTAL_STEPS)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.n * self.prompts_per_step
+
+    @model_validator(mode="after")
+    def _budget(self) -> "Stage":
+        if self.samples_per_step > MAX_SAMPLES_PER_STEP:
+            raise ValueError(
+                f"n x prompts_per_step = {self.samples_per_step} exceeds "
+                f"{MAX_SAMPLES_PER_STEP} samples per step")
+        return self
+
+
+def _default_schedule() -> list[Stage]:
+    return [Stage(n=16, prompts_per_step=64, steps=200), Stage(n=512, prompts_per_step=16, steps=100)]
+
+
+class RolloutSpec(_Frozen):
+    engine: Literal["vllm", "hf"] = "vllm"
+    schedule: list[Stage] = Field(default_factory=_default_schedule, min_length=1, max_length=32)
+    max_new_tokens: int = Field(256, ge=1, le=131_072)
+    temperature: float = Field(1.0, gt=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+    @field_validator("schedule")
+    @classmethod
+    def _total_steps(cls, stages: list[Stage]) -> list[Stage]:
+        total = sum(s.steps for s in stages)
+        if total > MAX_TOTAL_STEPS:
+            raise ValueError(f"the stages add up to {total} steps; at most {MAX_TOTAL_STEPS}")
+        return stages
+
+
+# --------------------------------------------------------------------------- optim / algo
+
+
+class OptimSpec(_Frozen):
+    lr: float = Field(1e-6, gt=0, le=0.01, description="LR at the first stage's batch B0 = prompts x n.")
+    lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+    warmup_steps: int = Field(0, ge=0)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="Max global grad norm; null = off.")
+
+
+class AlgoSpec(_Frozen):
+    advantage: Literal["reinforce_pp_baseline", "grpo"] = "reinforce_pp_baseline"
+    clip_low: float = Field(0.2, gt=0, lt=1)
+    clip_high: float = Field(0.27, gt=0)
+    kl_coef: float = Field(1e-4, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k2"
+    ref_reset_every: int | None = Field(300, ge=1, description="Steps; null = never.")
+    dynamic_sampling: bool = True
+    max_refill_rounds: int = Field(3, ge=0, le=100)
+    is_truncation: tuple[float, float] | None = (0.5, 5.0)
+    mini_batches: int = Field(4, ge=1)
+    micro_batch_tokens: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
+    truncated_reward: float = 0.0
+
+    @field_validator("clip_high")
+    @classmethod
+    def _high_ge_low(cls, v: float, info) -> float:
+        low = info.data.get("clip_low")
+        if low is not None and v < low:
+            raise ValueError(f"must be >= clip_low ({low})")
+        return v
+
+    @field_validator("is_truncation")
+    @classmethod
+    def _band(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not (0 < v[0] < 1 < v[1]):
+            raise ValueError(f"needs 0 < low < 1 < high, got {list(v)}")
+        return v
+
+
+class EvalSpec(_Frozen):
+    every: int = Field(50, ge=0, description="Steps; 0 = only at the end.")
+    samples_per_prompt: int = Field(16, ge=1, le=4096)
+    k: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
+    temperature: float = Field(0.6, gt=0, le=2)
+    top_p: float = Field(0.95, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _k_bound(self) -> "EvalSpec":
+        bad = [k for k in self.k if k > self.samples_per_prompt]
+        if bad:
+            raise FieldError("eval.k", f"{bad} exceed samples_per_prompt ({self.samples_per_prompt})")
+        return self
+
+
+class CheckpointSpec(_Frozen):
+    every: int = Field(50, ge=0, description="Steps; 0 = only at the end.")
+    keep_last: int = Field(3, ge=1)
+
+
+class LimitsSpec(_Frozen):
+    max_wall_seconds: int = Field(86_400, ge=1)
+    max_attempts: int = Field(3, ge=1, le=100)
+
+
+# --------------------------------------------------------------------------- the job
+
+
+class JobSpec(_Frozen):
+    """A BroRL job. See shared/JOBSPEC.md and the README for every field."""
+
+    spec_version: Literal[1] = 1
+    name: str = Field(..., min_length=1, max_length=200)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    task: TaskSpec
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    optim: OptimSpec = Field(default_factory=OptimSpec)
+    algo: AlgoSpec = Field(default_factory=AlgoSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+
+    @model_validator(mode="after")
+    def _mini_batches_fit(self) -> "JobSpec":
+        smallest = min(s.samples_per_step for s in self.rollout.schedule)
+        if self.algo.mini_batches > smallest:
+            raise FieldError(
+                "algo.mini_batches",
+                f"{self.algo.mini_batches} exceeds the smallest stage's samples per step ({smallest})")
+        return self
+
+    @property
+    def total_steps(self) -> int:
+        return sum(s.steps for s in self.rollout.schedule)
+
+    def stage_at(self, step: int) -> tuple[int, Stage]:
+        """(stage index, stage) of a 0-based step."""
+        for i, stage in enumerate(self.rollout.schedule):
+            if step < stage.steps:
+                return i, stage
+            step -= stage.steps
+        raise IndexError("step beyond the schedule")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def spec_errors(exc: ValidationError) -> list[dict[str, str]]:
+    """Flatten a ValidationError into [{field, message}] with dotted field paths.
+
+    Cross-field rules raise FieldError, whose path is absolute; pydantic reports those at
+    the validator's own location, so the path is recovered from the message prefix.
+    """
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        ctx_err = (err.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, FieldError):
+            loc, msg = ctx_err.path, ctx_err.message
+        out.append({"field": loc or "(body)", "message": msg})
+    return out
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read a YAML or JSON spec file."""
+    text = Path(path).read_text()
+    if str(path).endswith((".yaml", ".yml")):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    return JobSpec.model_validate(data)
+
+
+def json_schema() -> dict[str, Any]:
+    return JobSpec.model_json_schema()
