@@ -1,0 +1,41 @@
+"""The broadening schedule and the LR scaling rules."""
+import math
+
+import pytest
+
+from trainer.schedule import lr_at, plan, scaled_lr, stage_for_step
+from trainer.spec import JobSpec
+
+RG = {"reasoning_gym": {"name": "chain_sum"}}
+
+
+def spec(rule="sqrt", warmup=0):
+    return JobSpec.model_validate({
+        "name": "t", "task": RG,
+        "rollout": {"schedule": [{"n": 16, "prompts_per_step": 512, "steps": 3},
+                                 {"n": 512, "prompts_per_step": 128, "steps": 2}]},
+        "optim": {"lr": 1e-6, "lr_scaling": rule, "warmup_steps": warmup}})
+
+
+def test_paper_sqrt_rule():
+    # 512x16 -> 128x512 is 8x the samples: the lr grows sqrt(8) ~ 2.83x (PAPER.md).
+    p = plan(spec())
+    assert p[1].samples_per_step / p[0].samples_per_step == 8
+    assert p[1].lr / p[0].lr == pytest.approx(math.sqrt(8))
+    assert p[0].lr == 1e-6 and p[1].first_step == 3
+
+
+@pytest.mark.parametrize("rule, ratio", [("linear", 8.0), ("none", 1.0)])
+def test_other_rules(rule, ratio):
+    p = plan(spec(rule))
+    assert p[1].lr / p[0].lr == pytest.approx(ratio)
+    assert scaled_lr(2.0, 4, 1, rule) == pytest.approx(2.0 * (4.0 if rule == "linear" else 1.0))
+
+
+def test_stage_lookup_and_warmup():
+    p = plan(spec(warmup=2))
+    assert [stage_for_step(p, s).index for s in range(5)] == [0, 0, 0, 1, 1]
+    with pytest.raises(IndexError):
+        stage_for_step(p, 5)
+    assert lr_at(p, 0, 2) == pytest.approx(0.5e-6) and lr_at(p, 1, 2) == pytest.approx(1e-6)
+    assert lr_at(p, 4, 2) == pytest.approx(1e-6 * math.sqrt(8))
