@@ -43,7 +43,7 @@ class Rollouts:
     rewards: torch.Tensor            # [S] float
     truncated: torch.Tensor          # [S] bool
     advantages: torch.Tensor | None = None  # [S] float, set by trainer.advantages
-    extras: dict = field(default_factory=dict)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-sample tensors, e.g. correct
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -59,4 +59,23 @@ class Rollouts:
             rewards=self.rewards[idx],
             truncated=self.truncated[idx],
             advantages=None if self.advantages is None else self.advantages[idx],
+            extras={k: v[idx] for k, v in self.extras.items()},
         )
+
+
+def concat_rollouts(parts: list[Rollouts]) -> Rollouts:
+    """Join batches from several generation rounds, keeping group ids distinct."""
+    offset, groups = 0, []
+    for p in parts:
+        groups.append(p.group + offset)
+        offset += int(p.group.max()) + 1 if len(p) else 0
+    extras = {k: torch.cat([p.extras[k] for p in parts]) for k in parts[0].extras} if parts else {}
+    return Rollouts(
+        prompt_ids=[x for p in parts for x in p.prompt_ids],
+        response_ids=[x for p in parts for x in p.response_ids],
+        engine_logprobs=[x for p in parts for x in p.engine_logprobs],
+        group=torch.cat(groups) if groups else torch.zeros(0, dtype=torch.long),
+        rewards=torch.cat([p.rewards for p in parts]) if parts else torch.zeros(0),
+        truncated=torch.cat([p.truncated for p in parts]) if parts else torch.zeros(0, dtype=torch.bool),
+        extras=extras,
+    )

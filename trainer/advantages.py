@@ -1,0 +1,82 @@
+"""Advantage estimators: one scalar advantage per sample, from its reward and its group.
+
+A group is one prompt's N rollouts; `group` is a [S] long tensor of prompt indices (any
+order, need not be contiguous). Everything is vectorised with `index_add_` so that the cost
+does not depend on Python loops over samples (N = 512 x 128 prompts is the normal case).
+
+Variants (ARCHITECTURE.md rule 3), picked once by name from `ADVANTAGES`:
+- `reinforce_pp_baseline` (PAPER.md default): A = R - mean(R over the group), then whitened
+  over the whole global batch. No per-group std division.
+- `grpo`: A = (R - group mean) / (group std + eps).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+AdvantageFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _group_count_sum(values: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group sample count and sum of `values`, indexed by group id (0 .. max id)."""
+    n_groups = int(group.max().item()) + 1 if group.numel() else 0
+    sums = torch.zeros(n_groups, dtype=values.dtype, device=values.device)
+    counts = torch.zeros(n_groups, dtype=values.dtype, device=values.device)
+    sums.index_add_(0, group, values)
+    counts.index_add_(0, group, torch.ones_like(values))
+    return counts, sums
+
+
+def group_mean(values: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` over each sample's group, broadcast back to samples ([S])."""
+    counts, sums = _group_count_sum(values, group)
+    # Ids with no samples get count 0; they are never gathered, clamp only avoids 0/0.
+    return (sums / counts.clamp_min(1))[group]
+
+
+def group_baseline(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """R - mean of R over the sample's group (the REINFORCE++ baseline before whitening)."""
+    rewards = rewards.float()
+    return rewards - group_mean(rewards, group)
+
+
+def whiten(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(x - mean) / (std + eps) over the whole batch; zeros when the batch has no spread.
+
+    Population std (no Bessel correction) so a batch of one is defined. A std at or below
+    `eps` is treated as zero spread and gives zeros: dividing rounding noise by eps would
+    otherwise turn an all-equal batch into O(1) advantages.
+    """
+    x = x.float()
+    if x.numel() == 0:
+        return x
+    centred = x - x.mean()
+    std = centred.pow(2).mean().sqrt()
+    if std <= eps:
+        return torch.zeros_like(x)
+    return centred / (std + eps)
+
+
+def reinforce_pp_baseline(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """PAPER.md's default: group-mean baseline, then whitening over the global batch."""
+    return whiten(group_baseline(rewards, group))
+
+
+def grpo(rewards: torch.Tensor, group: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: (R - group mean) / (group std + eps).
+
+    The group std is the sample std (Bessel-corrected, as TRL and veRL compute it); a group
+    of one sample has advantage 0 (its centred reward is 0 and its std is taken as 0).
+    """
+    rewards = rewards.float()
+    centred = rewards - group_mean(rewards, group)
+    counts, sq_sums = _group_count_sum(centred.pow(2), group)
+    std = (sq_sums / (counts - 1).clamp_min(1)).sqrt()
+    return centred / (std[group] + eps)
+
+
+ADVANTAGES: dict[str, AdvantageFn] = {
+    "reinforce_pp_baseline": reinforce_pp_baseline,
+    "grpo": grpo,
+}

@@ -1,0 +1,245 @@
+"""The model-facing half of the objective: log-probs and the micro-batched PPO update.
+
+Large N is the normal case (ARCHITECTURE.md rule 4): a mini-batch of 512 x 128 / 4 samples
+never goes through the model at once. Samples are packed into micro-batches of at most
+`max_tokens` padded tokens; each micro-batch runs forward and backward on its own, with its
+loss divided by the valid-token count of the WHOLE mini-batch, so the accumulated gradient
+equals the full mini-batch's gradient while only one micro-batch's activations are alive.
+
+Sequences are prompt + response, right-padded with token 0 and an attention mask; with right
+padding real tokens never see padding under the causal mask, and position ids are simply
+0 .. L-1 (passed explicitly so no model has to infer them from the mask).
+
+The model's train/eval mode is left as the caller set it (the tiny Qwen2 has no dropout).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from trainer.losses import (
+    KL_ESTIMATORS,
+    entropy_from_logits,
+    is_ratio,
+    is_weights,
+    ppo_clip_terms,
+    token_sum,
+)
+from trainer.rollouts import Rollouts
+
+# Activation memory one micro-batch may use when `micro_batch_tokens: auto`. A fixed budget
+# (not a probe of free device memory) so that a run's micro-batching, and therefore its
+# numerics, do not depend on what else is on the device.
+ACTIVATION_BUDGET_BYTES = 4 * 2**30
+# Upper bound for `auto`: tiny models would otherwise get millions of tokens per chunk,
+# whose padding waste and latency buy nothing.
+MAX_AUTO_TOKENS = 65_536
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """What one PPO mini-batch update needs; built once per run from the spec."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.27
+    kl_coef: float = 1e-4
+    kl_estimator: str = "k2"
+    is_band: tuple[float, float] | None = (0.5, 5.0)
+    temperature: float = 1.0
+    grad_clip: float | None = 1.0
+
+    @classmethod
+    def from_spec(cls, spec) -> "UpdateConfig":
+        a = spec.algo
+        return cls(a.clip_low, a.clip_high, a.kl_coef, a.kl_estimator,
+                   a.is_truncation, spec.rollout.temperature, spec.optim.grad_clip)
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Sample indices grouped so each chunk's padded size len(chunk) * max_len <= max_tokens.
+
+    Samples are sorted by length, longest first, so similar lengths share a chunk (little
+    padding) and the largest chunk runs first (an out-of-memory shows up at once, not after
+    minutes). A sample longer than the budget gets a chunk of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    chunks: list[list[int]] = []
+    for i in order:
+        # Longest first: the chunk's first sample sets its padded length.
+        if chunks and (len(chunks[-1]) + 1) * lengths[chunks[-1][0]] <= max_tokens:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
+    return chunks
+
+
+def auto_micro_batch_tokens(model, max_seq_len: int,
+                            budget_bytes: int = ACTIVATION_BUDGET_BYTES) -> int:
+    """Tokens per micro-batch for `micro_batch_tokens: auto`, from a fixed activation budget.
+
+    Rough bytes per token of a forward+backward without checkpointing:
+    - logits: vocab x 4 bytes x 3 (the logits, their float32/tempered copy, their gradient);
+    - per layer: (16 x hidden + 3 x intermediate) x parameter bytes (attention projections,
+      norms and residuals; SwiGLU's gate, up and product).
+    The result is clamped to [max_seq_len, MAX_AUTO_TOKENS] (a sequence must always fit).
+    """
+    cfg = model.config
+    hidden = cfg.hidden_size
+    inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    layers = cfg.num_hidden_layers
+    elem = next(model.parameters()).element_size()
+    per_token = cfg.vocab_size * 4 * 3 + layers * (16 * hidden + 3 * inter) * elem
+    tokens = min(budget_bytes // per_token, MAX_AUTO_TOKENS)
+    return max(int(tokens), int(max_seq_len))
+
+
+def _pack(prompt_ids, response_ids, idx: list[int], device) -> dict:
+    """Right-padded model inputs for the samples `idx` plus where their response tokens are."""
+    seqs = [torch.tensor(prompt_ids[i] + response_ids[i], dtype=torch.long) for i in idx]
+    plens = torch.tensor([len(prompt_ids[i]) for i in idx])
+    if len(idx) and int(plens.min()) == 0:
+        raise ValueError("empty prompt: the first response token would have no predicting position")
+    rlens = torch.tensor([len(response_ids[i]) for i in idx])
+    ids = pad_sequence(seqs, batch_first=True, padding_value=0)
+    L = ids.shape[1]
+    attn = (torch.arange(L).unsqueeze(0) < (plens + rlens).unsqueeze(1)).long()
+    R = int(rlens.max()) if len(idx) else 0
+    j = torch.arange(R).unsqueeze(0)
+    resp_mask = j < rlens.unsqueeze(1)
+    # Logits at position p predict token p + 1: response token j is predicted at plen-1+j.
+    pred_pos = torch.where(resp_mask, plens.unsqueeze(1) - 1 + j, torch.zeros_like(j))
+    targets = torch.where(resp_mask, ids.gather(1, (pred_pos + 1).clamp_max(L - 1)), 0)
+    return {
+        "input_ids": ids.to(device), "attention_mask": attn.to(device),
+        "position_ids": torch.arange(L).expand(len(idx), L).to(device),
+        "pred_pos": pred_pos.to(device), "targets": targets.to(device),
+        "mask": resp_mask.to(device), "rlens": rlens.tolist(),
+        "keep": max(L - int(plens.min()) + 1, 1) if len(idx) else 1,
+    }
+
+
+def _response_logits(model, batch: dict, temperature: float) -> torch.Tensor:
+    """[b, R, V] float32 logits / temperature at the positions that predict response tokens."""
+    # logits_to_keep: only the tail from the shortest prompt on is projected to the vocab,
+    # so long prompts do not cost a [L, V] logits tensor each.
+    keep = batch["keep"]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], logits_to_keep=keep, use_cache=False)
+    L = batch["input_ids"].shape[1]
+    pos = batch["pred_pos"] - (L - keep)
+    V = out.logits.shape[-1]
+    logits = out.logits.gather(1, pos.clamp_min(0).unsqueeze(-1).expand(-1, -1, V))
+    return logits.float() / temperature
+
+
+def _token_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] without materialising the full log-softmax."""
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def _pad_rows(rows, idx: list[int], device) -> torch.Tensor:
+    """[b, R] float32 right-padded (with 0) from per-sample 1-D tensors or lists."""
+    ts = [torch.as_tensor(rows[i], dtype=torch.float32) for i in idx]
+    return pad_sequence(ts, batch_first=True, padding_value=0.0).to(device)
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+@torch.no_grad()
+def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_tokens: int,
+                      with_entropy: bool = False):
+    """Per-sample 1-D float32 CPU tensors of log pi(response token | prefix) at `temperature`.
+
+    With `with_entropy`, returns (logprobs, entropies), entropies per response token.
+    Results are in the order of the inputs, whatever the micro-batching.
+    """
+    device = next(model.parameters()).device
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    logps: list[torch.Tensor] = [None] * len(lengths)  # type: ignore[list-item]
+    ents: list[torch.Tensor] = [None] * len(lengths)  # type: ignore[list-item]
+    for chunk in micro_batches(lengths, max_tokens):
+        batch = _pack(prompt_ids, response_ids, chunk, device)
+        logits = _response_logits(model, batch, temperature)
+        lp = _token_logp(logits, batch["targets"]).cpu()
+        ent = entropy_from_logits(logits).cpu() if with_entropy else None
+        for row, (i, n) in enumerate(zip(chunk, batch["rlens"])):
+            logps[i] = lp[row, :n].clone()
+            if with_entropy:
+                ents[i] = ent[row, :n].clone()
+    return (logps, ents) if with_entropy else logps
+
+
+# ----------------------------------------------------------------------------- update
+
+
+def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
+                cfg: UpdateConfig, n_tokens: int) -> dict[str, float]:
+    """Forward + backward of one micro-batch; returns its token SUMS for the statistics."""
+    device = next(model.parameters()).device
+    batch = _pack(mb.prompt_ids, mb.response_ids, idx, device)
+    mask = batch["mask"]
+    logits = _response_logits(model, batch, cfg.temperature)
+    logp = _token_logp(logits, batch["targets"])
+    old = _pad_rows(old_logp, idx, device)
+    engine = _pad_rows(mb.engine_logprobs, idx, device)
+    adv = mb.advantages[idx].to(device)
+
+    weights, truncated = is_weights(old, engine, cfg.is_band)
+    pg, clip_low, clip_high = ppo_clip_terms(logp, old, adv, cfg.clip_low, cfg.clip_high)
+    per_token = weights * pg
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None:
+        kl = KL_ESTIMATORS[cfg.kl_estimator](logp, _pad_rows(ref_logp, idx, device))
+        per_token = per_token + cfg.kl_coef * kl
+    loss = token_sum(per_token, mask) / max(n_tokens, 1)
+    loss.backward()
+
+    with torch.no_grad():
+        return {
+            "loss": loss.item(),
+            "pg_clipfrac_low": token_sum(clip_low.float(), mask).item(),
+            "pg_clipfrac_high": token_sum(clip_high.float(), mask).item(),
+            "kl": token_sum(kl.detach(), mask).item(),
+            "entropy": token_sum(entropy_from_logits(logits.detach()), mask).item(),
+            "is_ratio_mean": token_sum(is_ratio(old, engine), mask).item(),
+            "is_truncated_frac": token_sum(truncated.float(), mask).item(),
+        }
+
+
+def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
+               cfg: UpdateConfig, max_tokens: int) -> dict[str, float]:
+    """One PPO optimizer step on a mini-batch, micro-batched; returns the step's statistics.
+
+    Loss per valid token = is_weight * clipped-PPO term + kl_coef * KL estimator (the KL
+    term is not IS-weighted and is skipped when `ref_logp` is None), summed over the
+    mini-batch and divided by its total valid tokens. Tokens dropped by IS truncation stay
+    in that denominator (they count as seen, with zero policy-gradient weight).
+    All statistics are token-weighted means over the mini-batch, except `loss` (the
+    mini-batch loss itself) and `grad_norm` (the global norm before clipping).
+    """
+    if minibatch.advantages is None:
+        raise ValueError("minibatch.advantages is None: compute advantages before the update")
+    lengths = [len(p) + len(r) for p, r in zip(minibatch.prompt_ids, minibatch.response_ids)]
+    n_tokens = sum(len(r) for r in minibatch.response_ids)
+    totals: dict[str, float] = {}
+    for chunk in micro_batches(lengths, max_tokens):
+        for k, v in _micro_step(model, minibatch, chunk, old_logp, ref_logp, cfg, n_tokens).items():
+            totals[k] = totals.get(k, 0.0) + v
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    max_norm = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.tensor(0.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+    denom = max(n_tokens, 1)
+    stats = {k: (v if k == "loss" else v / denom) for k, v in totals.items()}
+    stats["grad_norm"] = float(grad_norm)
+    stats["n_tokens"] = n_tokens
+    return stats

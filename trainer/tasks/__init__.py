@@ -1,0 +1,28 @@
+"""Tasks and verifiers: what the model is asked, and how its answers are scored.
+
+`build_task` turns the spec's task section into a `Task` (train/eval examples and a
+verifier recipe); `prompts` renders questions and extracts <answer> tags; `Scorer`
+(`trainer.tasks.scoring`) scores completions in a process pool with per-sample timeouts.
+Importable without torch: the API validates uploads with `dataset_task.validate_jsonl`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainer.spec import TaskSpec
+from trainer.tasks.base import Example, Task, VerifierSpec
+
+__all__ = ["Example", "Task", "VerifierSpec", "build_task"]
+
+
+def build_task(task_spec: TaskSpec, seed: int, dataset_path: Path | None = None) -> Task:
+    """The spec's reasoning-gym task, or its uploaded dataset read from `dataset_path`."""
+    if task_spec.reasoning_gym is not None:
+        from trainer.tasks import reasoning_gym_task
+
+        return reasoning_gym_task.build(task_spec.reasoning_gym, seed)
+    if dataset_path is None:
+        raise ValueError(f"task.dataset {task_spec.dataset.id!r} needs a dataset_path")
+    from trainer.tasks import dataset_task
+
+    return dataset_task.build(task_spec.dataset, Path(dataset_path), seed)

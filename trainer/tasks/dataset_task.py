@@ -1,0 +1,117 @@
+"""Uploaded JSONL datasets: format validation, a seeded train/eval split, and the verifier.
+
+Each line is a JSON object with a string `prompt` and an `answer` (string or number); other
+fields travel in the example's payload. `validate_jsonl` is what the API's upload handler
+calls, so this module imports neither torch nor anything heavy.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any, Iterable
+
+from trainer.spec import DatasetTask
+from trainer.tasks.base import Example, Task, Verifier, VerifierSpec
+from trainer.tasks.verifiers import ANSWER_CHECKS, VERIFIERS
+
+
+class DatasetFormatError(ValueError):
+    """A bad dataset line; `line_no` is 1-based, 0 when the problem is the whole file."""
+
+    def __init__(self, line_no: int, message: str):
+        where = f"line {line_no}" if line_no else "dataset"
+        super().__init__(f"{where}: {message}")
+        self.line_no = line_no
+        self.message = message
+
+
+def _row(line_no: int, raw: str | bytes) -> dict | None:
+    """The line's object, None for a blank line; DatasetFormatError when it is invalid."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DatasetFormatError(line_no, "is not valid UTF-8") from None
+    if not raw.strip():
+        return None
+    try:
+        row = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise DatasetFormatError(line_no, f"is not valid JSON ({exc.msg})") from None
+    if not isinstance(row, dict):
+        raise DatasetFormatError(line_no, f"must be a JSON object, got {type(row).__name__}")
+    prompt, answer = row.get("prompt"), row.get("answer")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise DatasetFormatError(line_no, "needs a non-empty string field 'prompt'")
+    # bool is an int in Python but never a sensible answer; NaN/inf cannot be matched.
+    is_number = isinstance(answer, (int, float)) and not isinstance(answer, bool)
+    if is_number and not math.isfinite(answer):
+        raise DatasetFormatError(line_no, "field 'answer' must be a finite number")
+    if not (is_number or (isinstance(answer, str) and answer.strip())):
+        raise DatasetFormatError(line_no, "needs a field 'answer' that is a non-empty string or a number")
+    return row
+
+
+def validate_jsonl(lines: Iterable[str | bytes], verifier: str | None = None) -> list[dict]:
+    """The rows of a JSONL file (blank lines skipped), or DatasetFormatError at the first bad line.
+
+    With `verifier`, the answers are also checked for it (numbers for `numeric`, valid
+    patterns for `regex`).
+    """
+    check = ANSWER_CHECKS.get(verifier or "")
+    rows = []
+    for line_no, raw in enumerate(lines, start=1):
+        row = _row(line_no, raw)
+        if row is None:
+            continue
+        if check is not None:
+            try:
+                check(str(row["answer"]))
+            except ValueError as exc:
+                raise DatasetFormatError(line_no, str(exc)) from None
+        rows.append(row)
+    if not rows:
+        raise DatasetFormatError(0, "has no examples")
+    return rows
+
+
+def _example(row: dict) -> Example:
+    payload = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
+    return Example(question=row["prompt"], answer=str(row["answer"]), payload=payload)
+
+
+def split(n: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Shuffled (train, eval) indices: round(n * eval_fraction) eval rows, at least 1 of each."""
+    if n < 2:
+        raise ValueError(f"the dataset has {n} example(s); a train and an eval split need at least 2")
+    n_eval = min(max(1, round(n * eval_fraction)), n - 1)
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return order[n_eval:], order[:n_eval]
+
+
+def build(spec: DatasetTask, path: Path, seed: int) -> Task:
+    """The uploaded dataset at `path`, split deterministically by `seed`."""
+    with open(path, "rb") as fh:
+        rows = validate_jsonl(fh, verifier=spec.verifier)
+    train_idx, eval_idx = split(len(rows), spec.eval_fraction, seed)
+    return Task(
+        name=spec.id,
+        train=[_example(rows[i]) for i in train_idx],
+        eval=[_example(rows[i]) for i in eval_idx],
+        verifier_spec=VerifierSpec.of(
+            "dataset", verifier=spec.verifier, numeric_tolerance=spec.numeric_tolerance),
+    )
+
+
+def make_verifier(options: dict[str, Any]) -> Verifier:
+    """The dataset spec's verifier, called with the spec's options."""
+    fn = VERIFIERS[options["verifier"]]
+    opts = {k: v for k, v in options.items() if k != "verifier"}
+
+    def verify(extracted: str, answer: str, payload: dict) -> float:
+        return fn(extracted, answer, **opts)
+
+    return verify

@@ -1,0 +1,152 @@
+"""Verifiers for uploaded JSONL datasets: exact, numeric, math (math-verify) and regex.
+
+Each is `(extracted, answer, **opts) -> float` in [0, 1], where `extracted` is the model's
+answer taken from its last <answer> tag (None when there was none: always 0) and `answer`
+is the dataset row's answer as text. Options not meant for a verifier are ignored, so the
+scorer can pass the dataset spec's options to any of them. They raise on bad *reference*
+data (e.g. an invalid regex); the scorer counts that as an error and scores 0.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+from typing import Any, Callable
+
+# A plain decimal or scientific number. Stricter than float(), which would also take
+# "nan", "infinity" and "1_000".
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_FRACTION = re.compile(r"\s*([^/]+?)\s*/\s*([^/]+?)\s*")
+
+
+def exact(extracted: str | None, answer: str, **_: Any) -> float:
+    """1 when both sides are equal after stripping surrounding whitespace.
+
+    Case-sensitive and otherwise literal on purpose: "Paris" and "paris" differ, as do "3"
+    and "3.0" (use `numeric` for numbers).
+    """
+    if extracted is None:
+        return 0.0
+    return float(extracted.strip() == answer.strip())
+
+
+def parse_number(text: str) -> float | None:
+    """A finite float from "1,234.5", "-3/4", "1e-3", "+7"; None when it is not one.
+
+    Commas are dropped as thousands separators, so a decimal comma ("3,5") reads as 35.
+    """
+    s = text.strip().replace(",", "")
+    frac = _FRACTION.fullmatch(s)
+    if frac:
+        num, den = _plain_number(frac.group(1)), _plain_number(frac.group(2))
+        if num is None or not den:  # a missing or zero denominator is not a number
+            return None
+        value = num / den
+    else:
+        value = _plain_number(s)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _plain_number(s: str) -> float | None:
+    if not _NUMBER.fullmatch(s):
+        return None
+    value = float(s)
+    return value if math.isfinite(value) else None
+
+
+def numeric(extracted: str | None, answer: str, numeric_tolerance: float = 1e-6, **_: Any) -> float:
+    """1 when |x - gold| <= tol * |gold|, or |x| <= tol when gold is 0 (relative to gold)."""
+    if extracted is None:
+        return 0.0
+    gold = parse_number(answer)
+    if gold is None:
+        raise ValueError(f"reference answer {answer!r} is not a number")
+    value = parse_number(extracted)
+    if value is None:
+        return 0.0
+    bound = numeric_tolerance * abs(gold) if gold != 0 else numeric_tolerance
+    return float(abs(value - gold) <= bound)
+
+
+def _math_parse(text: str) -> list:
+    """math-verify's parse of a bare answer, read as LaTeX math first.
+
+    The text is already the extracted answer, so it is wrapped in $...$: unwrapped,
+    math-verify hunts for a number inside it and reads "1+x^2" as 1. Text that carries its
+    own $ delimiters is parsed as is. math-verify's own signal-based timeout is switched
+    off: the scorer times every sample itself, and math-verify's alarm would cancel the
+    scorer's timer (a process has one SIGALRM).
+    """
+    from math_verify import parse
+
+    candidates = [text] if "$" in text else [f"${text}$", text]
+    for candidate in candidates:
+        parsed = parse(candidate, parsing_timeout=None)
+        if parsed:
+            return parsed
+    return []
+
+
+@functools.lru_cache(maxsize=4096)
+def _math_gold(answer: str) -> list:
+    # The same reference is scored N times per prompt: parse it once.
+    return _math_parse(answer)
+
+
+def math_equal(extracted: str | None, answer: str, **_: Any) -> float:
+    """math-verify: symbolic/numeric equivalence of the parsed answer and the parsed gold."""
+    from math_verify import verify
+
+    if extracted is None or not extracted.strip():
+        return 0.0
+    gold = _math_gold(answer)
+    if not gold:
+        raise ValueError(f"math-verify cannot parse the reference answer {answer!r}")
+    pred = _math_parse(extracted)
+    if not pred:
+        return 0.0
+    return float(verify(gold, pred, timeout_seconds=None))
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
+
+
+def regex(extracted: str | None, answer: str, **_: Any) -> float:
+    """1 when the answer (a Python regular expression, no flags) fullmatches the extraction.
+
+    The extraction is already stripped. Catastrophic patterns are contained by the scorer's
+    per-sample timeout.
+    """
+    if extracted is None:
+        return 0.0
+    return float(_compiled(answer).fullmatch(extracted) is not None)
+
+
+VERIFIERS: dict[str, Callable[..., float]] = {
+    "exact": exact,
+    "numeric": numeric,
+    "math": math_equal,
+    "regex": regex,
+}
+
+
+def _check_numeric(answer: str) -> None:
+    if parse_number(answer) is None:
+        raise ValueError(f"answer {answer!r} is not a number (numeric verifier)")
+
+
+def _check_regex(answer: str) -> None:
+    try:
+        _compiled(answer)
+    except re.error as exc:
+        raise ValueError(f"answer {answer!r} is not a valid regular expression: {exc}") from None
+
+
+# Cheap checks of reference answers at dataset build time, so bad data fails the job early
+# instead of silently scoring 0. (math is left to scoring: parsing every gold is slow.)
+ANSWER_CHECKS: dict[str, Callable[[str], None]] = {
+    "numeric": _check_numeric,
+    "regex": _check_regex,
+}
