@@ -1,0 +1,1 @@
+"""Alembic revisions, oldest first by id (Alembic skips this file)."""

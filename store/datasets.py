@@ -1,0 +1,57 @@
+"""Uploaded datasets: one row per JSONL file stored under the artifact dir.
+
+The API validates and writes the file first (store.artifacts.dataset_path with an id from
+new_dataset_id()), then records it here, so a row never points at a half-written file.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from store.models import Dataset, new_ulid
+
+
+def new_dataset_id() -> str:
+    return f"ds_{new_ulid()}"
+
+
+def create_dataset(
+    s: Session,
+    tenant_id: int,
+    name: str,
+    sha256: str,
+    rows: int,
+    nbytes: int,
+    uri: str,
+    dataset_id: str | None = None,
+) -> Dataset:
+    """Record a stored dataset file; pass `dataset_id` when the file was named after it."""
+    dataset = Dataset(
+        id=dataset_id or new_dataset_id(), tenant_id=tenant_id, name=name, sha256=sha256,
+        rows=rows, bytes=nbytes, uri=uri,
+    )
+    s.add(dataset)
+    s.flush()
+    return dataset
+
+
+def get_dataset(s: Session, tenant_id: int, dataset_id: str) -> Dataset | None:
+    """The tenant's dataset, or None (also when it belongs to another tenant)."""
+    query = select(Dataset).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
+    return s.scalar(query)
+
+
+def get_dataset_unscoped(s: Session, dataset_id: str) -> Dataset | None:
+    """Any tenant's dataset: for the worker, which checks the job's tenant itself."""
+    return s.get(Dataset, dataset_id)
+
+
+def list_datasets(
+    s: Session, tenant_id: int, limit: int = 100, after: str | None = None
+) -> list[Dataset]:
+    """The tenant's datasets, newest first; `after` is the last id of the previous page."""
+    query = select(Dataset).where(Dataset.tenant_id == tenant_id)
+    if after is not None:
+        query = query.where(Dataset.id < after)
+    return list(s.scalars(query.order_by(Dataset.id.desc()).limit(limit)))

@@ -1,0 +1,94 @@
+"""Read-only job queries: jobs, events, metrics and checkpoints, always scoped to a tenant
+except where the name says `unscoped` (worker and reaper only).
+
+store.jobs re-exports every function here, so callers can use `store.jobs` for all job
+operations; this module only keeps the state machine's file short.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
+
+from store.models import Checkpoint, Job, JobEvent, JobStatus, Metric
+
+# Every read of a job overwrites the session's copy: the state machine's compare-and-set
+# UPDATEs bypass loaded objects, and a long-lived session (expire_on_commit=False) must never
+# answer with a status another process has since changed.
+_FRESH = {"populate_existing": True}
+
+
+def get_job(s: Session, tenant_id: int, job_id: str) -> Job | None:
+    """The tenant's job, or None (also when it belongs to another tenant)."""
+    query = select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id)
+    return s.scalar(query.execution_options(**_FRESH))
+
+def get_job_unscoped(s: Session, job_id: str) -> Job | None:
+    """Any tenant's job: for the worker and the reaper, never for API lookups."""
+    return s.get(Job, job_id, populate_existing=True)
+
+def list_jobs(
+    s: Session,
+    tenant_id: int,
+    limit: int = 20,
+    after: str | None = None,
+    status: JobStatus | None = None,
+) -> tuple[list[Job], bool]:
+    """The tenant's jobs newest first; `after` is the last id of the previous page.
+
+    Ids sort by creation time (ULID), so "older than the cursor" is simply `id < after`.
+    Returns (jobs, has_more).
+    """
+    query = select(Job).where(Job.tenant_id == tenant_id)
+    if status is not None:
+        query = query.where(Job.status == JobStatus(status))
+    if after is not None:
+        query = query.where(Job.id < after)
+    query = query.order_by(Job.id.desc()).limit(limit + 1).execution_options(**_FRESH)
+    rows = list(s.scalars(query))
+    return rows[:limit], len(rows) > limit
+
+def _scoped(query: Select[Any], model: Any, tenant_id: int, job_id: str) -> Select[Any]:
+    """Restrict a child-table query to one job of one tenant."""
+    return query.join(Job, Job.id == model.job_id).where(
+        model.job_id == job_id, Job.tenant_id == tenant_id)
+
+def latest_checkpoint(s: Session, job_id: str) -> Checkpoint | None:
+    """The highest-step checkpoint of a job (what a retried attempt resumes from)."""
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id)
+    return s.scalar(query.order_by(Checkpoint.step.desc()).limit(1))
+
+def list_checkpoints(s: Session, tenant_id: int, job_id: str) -> list[Checkpoint]:
+    query = _scoped(select(Checkpoint), Checkpoint, tenant_id, job_id)
+    return list(s.scalars(query.order_by(Checkpoint.step)))
+
+def get_checkpoint(s: Session, tenant_id: int, job_id: str, step: int) -> Checkpoint | None:
+    query = _scoped(select(Checkpoint), Checkpoint, tenant_id, job_id)
+    return s.scalar(query.where(Checkpoint.step == step))
+
+def list_events(
+    s: Session, tenant_id: int, job_id: str, after: int | None = None, limit: int = 100
+) -> list[JobEvent]:
+    """Events oldest first; `after` is the last event id seen (SSE Last-Event-ID)."""
+    query = _scoped(select(JobEvent), JobEvent, tenant_id, job_id)
+    if after is not None:
+        query = query.where(JobEvent.id > after)
+    return list(s.scalars(query.order_by(JobEvent.id).limit(limit)))
+
+def list_metrics(
+    s: Session, tenant_id: int, job_id: str, after_step: int | None = None, limit: int = 1000
+) -> list[Metric]:
+    """Metric rows by ascending step, strictly after `after_step`."""
+    query = _scoped(select(Metric), Metric, tenant_id, job_id)
+    if after_step is not None:
+        query = query.where(Metric.step > after_step)
+    return list(s.scalars(query.order_by(Metric.step).limit(limit)))
+
+def count_jobs_by_status(s: Session) -> dict[str, int]:
+    """Jobs per status over all tenants (every status present, zeros included): /metrics."""
+    counts = {status.value: 0 for status in JobStatus}
+    for status, n in s.execute(select(Job.status, func.count()).group_by(Job.status)):
+        counts[JobStatus(status).value] = n
+    return counts

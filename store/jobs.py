@@ -1,0 +1,350 @@
+"""The job state machine: queued -> running -> succeeded | failed | cancelled.
+
+Every function takes a Session first; the caller commits unless the docstring says
+otherwise. Two ideas keep concurrent API requests, duplicate Celery deliveries, crashed
+workers and reapers from corrupting a job:
+
+* Compare-and-set: every transition is a single `UPDATE ... WHERE <expected state>`, so the
+  database decides the race (Postgres row locks, SQLite's single writer), never a read
+  followed by a write.
+* Fencing: a claim bumps `attempt`; a worker's later writes carry the attempt it claimed and
+  are refused (`Fenced`) once the job is no longer running under that attempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, literal, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from store.errors import Fenced, IdempotencyConflict, InvalidTransition, NotFound
+from store.job_queries import (  # re-exported: store.jobs is the one entry point
+    count_jobs_by_status,
+    get_checkpoint,
+    get_job,
+    get_job_unscoped,
+    latest_checkpoint,
+    list_checkpoints,
+    list_events,
+    list_jobs,
+    list_metrics,
+)
+from store.models import (
+    TERMINAL_STATUSES,
+    Checkpoint,
+    EventType,
+    Job,
+    JobEvent,
+    JobStatus,
+    Metric,
+    UTCDateTime,
+    new_job_id,
+    utcnow,
+)
+
+__all__ = [
+    "Claim", "add_event", "claim", "count_jobs_by_status", "create_job", "finish",
+    "get_checkpoint", "get_job", "get_job_unscoped", "heartbeat", "latest_checkpoint",
+    "list_checkpoints", "list_events", "list_jobs", "list_metrics", "reap_expired",
+    "record_checkpoint", "record_metrics", "request_cancel", "spec_hash",
+]
+
+DEFAULT_MAX_ATTEMPTS = 3
+# The compare-and-set UPDATEs below don't touch Job objects already loaded in the session;
+# the reads in job_queries overwrite the session's copy instead (populate_existing).
+_NO_SYNC = {"synchronize_session": False}
+_FRESH = {"populate_existing": True}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a worker gets for winning a job: the attempt to carry on every later write."""
+
+    job_id: str
+    attempt: int
+    spec: dict[str, Any]
+    tenant_id: int
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    """sha256 of the spec's canonical JSON (sorted keys, no spaces): the idempotency body."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _event(s: Session, job_id: str, type_: EventType, **data: Any) -> JobEvent:
+    event = JobEvent(job_id=job_id, type=type_, data=data)
+    s.add(event)
+    return event
+
+
+# --------------------------------------------------------------------------- API side
+
+
+def create_job(
+    s: Session,
+    tenant_id: int,
+    spec: dict[str, Any],
+    total_steps: int,
+    name: str,
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Insert a queued job (with a `created` event); returns (job, created).
+
+    With an idempotency key, a retry with the same spec returns the first job (created False)
+    and one with a different spec raises IdempotencyConflict. Two racing first requests are
+    settled by the unique (tenant_id, idempotency_key) constraint: the loser's transaction is
+    rolled back and it answers like a retry.
+    """
+    request_hash = spec_hash(spec) if idempotency_key else None
+    if idempotency_key:
+        existing = _job_by_key(s, tenant_id, idempotency_key)
+        if existing is not None:
+            return _replay(existing, request_hash), False
+    job = Job(
+        id=new_job_id(), tenant_id=tenant_id, name=name, spec=spec, status=JobStatus.queued,
+        total_steps=total_steps, idempotency_key=idempotency_key, request_hash=request_hash,
+    )
+    s.add(job)
+    try:
+        s.flush()
+    except IntegrityError:
+        if not idempotency_key:
+            raise
+        s.rollback()
+        existing = _job_by_key(s, tenant_id, idempotency_key)
+        if existing is None:
+            raise
+        return _replay(existing, request_hash), False
+    _event(s, job.id, EventType.created, name=name, total_steps=total_steps)
+    s.flush()
+    return job, True
+
+
+def _job_by_key(s: Session, tenant_id: int, key: str) -> Job | None:
+    query = select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key)
+    return s.scalar(query.execution_options(**_FRESH))
+
+
+def _replay(existing: Job, request_hash: str | None) -> Job:
+    if existing.request_hash != request_hash:
+        raise IdempotencyConflict(
+            f"Idempotency-Key was already used for job {existing.id} with a different body")
+    return existing
+
+
+def request_cancel(s: Session, tenant_id: int, job_id: str) -> Job:
+    """Cancel a job: queued -> cancelled now; running -> cancel_requested (the worker stops at
+    its next step); finished -> InvalidTransition naming the state; unknown -> NotFound.
+
+    Each branch is a compare-and-set; if a worker claims the job between our read and our
+    write, the queued branch matches nothing and we retry as running.
+    """
+    job = get_job(s, tenant_id, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    for _ in range(3):
+        now = utcnow()
+        if job.status == JobStatus.queued:
+            done = _cas(s, job_id, JobStatus.queued, status=JobStatus.cancelled,
+                        cancel_requested=True, finished_at=now, updated_at=now)
+            if done:
+                _event(s, job_id, EventType.cancel_requested)
+                _event(s, job_id, EventType.cancelled, reason="cancelled while queued")
+        elif job.status == JobStatus.running:
+            done = job.cancel_requested or _cas(
+                s, job_id, JobStatus.running, cancel_requested=True, updated_at=now)
+            if done and not job.cancel_requested:
+                _event(s, job_id, EventType.cancel_requested, attempt=job.attempt)
+        else:
+            raise InvalidTransition(job.status, f"cannot cancel job {job_id}: it is already "
+                                                f"{job.status.value}")
+        s.flush()
+        s.refresh(job)
+        if done:
+            return job
+    raise InvalidTransition(job.status, f"job {job_id} changed state during cancel; retry")
+
+
+def _cas(s: Session, job_id: str, expected: JobStatus, **values: Any) -> bool:
+    stmt = update(Job).where(Job.id == job_id, Job.status == expected).values(**values)
+    return s.execute(stmt.execution_options(**_NO_SYNC)).rowcount == 1
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def claim(s: Session, job_id: str, worker_id: str, lease_seconds: float) -> Claim | None:
+    """Atomically move a queued job to running under a new attempt and a lease. Commits.
+
+    Returns None when the job is not queued: a duplicate delivery, a cancelled job, a job
+    another worker already holds. That single UPDATE ... WHERE status='queued' RETURNING is
+    the whole race: exactly one caller gets a row back.
+    """
+    now = utcnow()
+    stmt = (
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued)
+        .values(
+            status=JobStatus.running,
+            attempt=Job.attempt + 1,
+            lease_owner=worker_id,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            heartbeat_at=now,
+            started_at=func.coalesce(Job.started_at, literal(now, UTCDateTime())),
+            updated_at=now,
+        )
+        .returning(Job.attempt, Job.spec, Job.tenant_id)
+        .execution_options(**_NO_SYNC)
+    )
+    row = s.execute(stmt).one_or_none()
+    if row is None:
+        s.rollback()
+        return None
+    _event(s, job_id, EventType.started, attempt=row.attempt, worker_id=worker_id)
+    s.commit()
+    return Claim(job_id=job_id, attempt=row.attempt, spec=row.spec, tenant_id=row.tenant_id)
+
+
+def _fenced_update(s: Session, job_id: str, attempt: int, **values: Any) -> bool:
+    """UPDATE the job only if it is running under `attempt`; raise Fenced otherwise.
+
+    Returns cancel_requested. On Postgres the UPDATE also row-locks the job until the caller
+    commits, so a reaper cannot requeue it in the middle of the write it guards.
+    """
+    values.setdefault("updated_at", utcnow())
+    stmt = (
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.running, Job.attempt == attempt)
+        .values(**values)
+        .returning(Job.cancel_requested)
+        .execution_options(**_NO_SYNC)
+    )
+    row = s.execute(stmt).one_or_none()
+    if row is None:
+        raise Fenced(job_id, attempt)
+    return bool(row.cancel_requested)
+
+
+def heartbeat(s: Session, job_id: str, attempt: int, lease_seconds: float) -> bool:
+    """Renew the lease; returns whether a cancel was requested. Raises Fenced."""
+    now = utcnow()
+    return _fenced_update(s, job_id, attempt, heartbeat_at=now,
+                          lease_expires_at=now + timedelta(seconds=lease_seconds))
+
+
+def _upsert(s: Session, model: type, conflict: list[str], row: dict[str, Any]) -> None:
+    """INSERT ... ON CONFLICT (conflict) DO UPDATE: a step re-run after resume replaces the
+    first run's row instead of tripping the unique constraint."""
+    dialect = s.get_bind().dialect.name
+    insert = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}[dialect]
+    stmt = insert(model).values(**row)
+    update_cols = {k: stmt.excluded[k] for k in row if k not in conflict}
+    s.execute(stmt.on_conflict_do_update(index_elements=conflict, set_=update_cols))
+
+
+def record_metrics(
+    s: Session, job_id: str, attempt: int, step: int, values: dict[str, Any]
+) -> None:
+    """Store one step's metrics (replacing an earlier row for that step) and advance jobs.step."""
+    _fenced_update(s, job_id, attempt, step=step)
+    _upsert(s, Metric, ["job_id", "step"],
+            {"job_id": job_id, "step": step, "values": values, "created_at": utcnow()})
+
+
+def add_event(
+    s: Session,
+    job_id: str,
+    type: EventType | str,
+    data: dict[str, Any] | None = None,
+    attempt: int | None = None,
+) -> JobEvent:
+    """Append an event; with `attempt` it is fenced like every other worker write."""
+    if attempt is not None:
+        _fenced_update(s, job_id, attempt)
+    event = JobEvent(job_id=job_id, type=EventType(type), data=dict(data or {}))
+    s.add(event)
+    s.flush()
+    return event
+
+
+def record_checkpoint(
+    s: Session, job_id: str, attempt: int, step: int, uri: str, nbytes: int, sha256: str
+) -> None:
+    """Register a saved checkpoint folder (replacing one at the same step) and log it."""
+    _fenced_update(s, job_id, attempt)
+    _upsert(s, Checkpoint, ["job_id", "step"], {
+        "job_id": job_id, "step": step, "uri": uri, "bytes": nbytes, "sha256": sha256,
+        "created_at": utcnow(),
+    })
+    _event(s, job_id, EventType.checkpoint_saved, step=step, uri=uri, bytes=nbytes,
+           sha256=sha256, attempt=attempt)
+
+
+def finish(
+    s: Session, job_id: str, attempt: int, status: JobStatus | str, error: str | None = None
+) -> None:
+    """End the attempt with succeeded | failed | cancelled, log it and drop the lease."""
+    status = JobStatus(status)
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"finish() needs a final status, got {status.value}")
+    now = utcnow()
+    _fenced_update(s, job_id, attempt, status=status, error=error, finished_at=now,
+                   lease_owner=None, lease_expires_at=None)
+    data: dict[str, Any] = {"attempt": attempt}
+    if error is not None:
+        data["error"] = error
+    _event(s, job_id, EventType(status.value), **data)
+
+
+def _max_attempts(spec: dict[str, Any]) -> int:
+    limits = spec.get("limits") if isinstance(spec, dict) else None
+    value = limits.get("max_attempts") if isinstance(limits, dict) else None
+    return int(value) if value else DEFAULT_MAX_ATTEMPTS
+
+
+def reap_expired(s: Session, now: datetime | None = None) -> list[str]:
+    """Recover running jobs whose lease ran out (their worker died or hung).
+
+    Below spec.limits.max_attempts the job goes back to queued (event `retried`) and its id is
+    returned for the caller to re-enqueue after committing; at the limit it fails. A job whose
+    cancel was requested is cancelled instead. Each change is a compare-and-set on
+    (status, attempt, lease), so two reapers, or a heartbeat that just renewed, cannot both win.
+    """
+    now = now or utcnow()
+    expired = s.execute(
+        select(Job.id, Job.attempt, Job.spec, Job.cancel_requested)
+        .where(Job.status == JobStatus.running, Job.lease_expires_at < now)
+        .order_by(Job.id)
+    ).all()
+    requeued: list[str] = []
+    for job_id, attempt, spec, cancel_requested in expired:
+        guard = update(Job).where(
+            Job.id == job_id, Job.status == JobStatus.running, Job.attempt == attempt,
+            Job.lease_expires_at < now,
+        ).execution_options(**_NO_SYNC)
+        release = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
+        if cancel_requested:
+            values, event, data = ({"status": JobStatus.cancelled, "finished_at": now},
+                                   EventType.cancelled, {"reason": "lease expired"})
+        elif attempt < _max_attempts(spec):
+            values, event, data = ({"status": JobStatus.queued}, EventType.retried,
+                                   {"reason": "lease expired"})
+        else:
+            error = f"lease expired after {attempt} attempts"
+            values, event, data = ({"status": JobStatus.failed, "finished_at": now,
+                                    "error": error}, EventType.failed, {"error": error})
+        if s.execute(guard.values(**values, **release)).rowcount != 1:
+            continue
+        _event(s, job_id, event, attempt=attempt, **data)
+        if event == EventType.retried:
+            requeued.append(job_id)
+    s.flush()
+    return requeued

@@ -1,0 +1,90 @@
+"""Service settings: one pydantic-settings object read from `BRORL_*` environment variables.
+
+Everything that differs between the embedded default (SQLite files in a data dir) and a
+production deployment (Postgres, Redis, a shared artifact volume) is a field here, so the
+API, the worker, the CLI and Alembic all agree on where things live.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
+DEFAULT_DATA_DIR = Path("~/.brorl")
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    """Runtime configuration; fields left unset derive from `data_dir`."""
+
+    model_config = SettingsConfigDict(env_prefix="BRORL_", extra="ignore")
+
+    data_dir: Path = DEFAULT_DATA_DIR
+    # The next three default to files under data_dir; _derive_defaults fills them in when they
+    # are not given (unset or empty), so that setting BRORL_DATA_DIR alone moves everything.
+    database_url: str = ""
+    broker_url: str = ""
+    artifact_dir: Path = Path()
+    max_upload_bytes: int = 100 * MIB
+    # A worker holds a job for lease_seconds and renews it every heartbeat_seconds; the reaper
+    # requeues (or fails) running jobs whose lease ran out, which is how crashed workers are
+    # recovered.
+    lease_seconds: int = 120
+    heartbeat_seconds: float = 20
+    reaper_interval_seconds: float = 30
+    # Deliberately far larger than the lease: with acks_late a message of a long job is
+    # unacknowledged for the whole run, and if the broker redelivered it while the job still
+    # held a live lease a second worker would see it. The claim CAS would refuse that copy,
+    # but redelivery is not the recovery path anyway: the lease + reaper is. So the broker
+    # only redelivers after a time no live lease could still be running unnoticed.
+    broker_visibility_timeout: int = 7200
+    # Dotted "module:function" the worker calls as train(spec, sink, should_stop, resume);
+    # tests point it at a double.
+    trainer_entrypoint: str = "trainer:train"
+    worker_id: str = Field(default_factory=_default_worker_id)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        data_dir = Path(data.get("data_dir") or DEFAULT_DATA_DIR).expanduser()
+        data["data_dir"] = data_dir
+        if not data.get("database_url"):
+            data["database_url"] = f"sqlite:///{data_dir / 'brorl.db'}"
+        if not data.get("broker_url"):
+            data["broker_url"] = f"sqla+sqlite:///{data_dir / 'broker.db'}"
+        artifact_dir = data.get("artifact_dir")
+        data["artifact_dir"] = (
+            Path(artifact_dir).expanduser() if artifact_dir else data_dir / "artifacts"
+        )
+        return data
+
+    def ensure_dirs(self) -> None:
+        """Create the data and artifact folders (on demand, not at import time)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings; the data dir exists once this returns."""
+    settings = Settings()
+    settings.ensure_dirs()
+    return settings
+
+
+def reset_settings_cache() -> None:
+    """Forget the cached settings (tests change the environment between cases)."""
+    get_settings.cache_clear()
