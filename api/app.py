@@ -1,0 +1,78 @@
+"""The FastAPI application factory: `uvicorn api.app:create_app --factory`.
+
+There is deliberately no module-level `app = create_app()`: importing this module must not
+read the environment or open a database, so tests (and `brorl up`) build apps with the
+settings they want. Creating the app connects to nothing either: the engine connects on the
+first request.
+
+Layout: `/v1/...` resource routers (jobs, events & metrics, checkpoints, datasets), the
+unauthenticated probes `/healthz`, `/readyz`, `/metrics` at the root, `/docs` (OpenAPI).
+Every error leaves in the shape of `api.errors`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI
+from prometheus_client import CollectorRegistry
+
+from store.db import get_sessionmaker
+from store.settings import Settings, get_settings
+
+from api.deps import Enqueue, celery_enqueue
+from api.errors import install_error_handlers
+from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
+from api.routes import checkpoints, datasets, events_metrics, health, jobs
+
+API_VERSION = "1.0.0"
+DEFAULT_STREAM_POLL_SECONDS = 1.0
+
+DESCRIPTION = """\
+Submit BroRL training jobs, follow their metrics and download checkpoints.
+
+Authenticate with `Authorization: Bearer <key>` (`brorl keys create --tenant NAME`).
+Errors always look like `{"error": {"type", "message", "field"?}}`.
+"""
+
+
+def _v1_router() -> APIRouter:
+    v1 = APIRouter(prefix="/v1")
+    for module in (jobs, events_metrics, checkpoints, datasets):
+        v1.include_router(module.router)
+    return v1
+
+
+def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = None,
+               stream_poll_seconds: float | None = None) -> FastAPI:
+    """Build the API for `settings` (default: from the `BRORL_*` environment).
+
+    `enqueue` sends a committed job id to the workers (default: Celery, by task name);
+    tests pass a recorder. `stream_poll_seconds` is how often the metrics stream polls
+    (default: `settings.stream_poll_seconds` if the settings have one, else 1 s).
+    """
+    settings = settings or get_settings()
+    settings.ensure_dirs()
+    app = FastAPI(
+        title="BroRL as a service",
+        version=API_VERSION,
+        description=DESCRIPTION,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    app.state.settings = settings
+    app.state.sessionmaker = get_sessionmaker(settings.database_url)
+    app.state.enqueue = enqueue or celery_enqueue(settings)
+    app.state.stream_poll_seconds = (
+        stream_poll_seconds
+        if stream_poll_seconds is not None
+        else float(getattr(settings, "stream_poll_seconds", DEFAULT_STREAM_POLL_SECONDS)))
+
+    registry = CollectorRegistry()
+    app.state.metrics = ApiMetrics(registry)
+    registry.register(JobsByStatusCollector(lambda: app.state.sessionmaker))
+    app.add_middleware(PrometheusMiddleware, metrics=app.state.metrics)
+
+    install_error_handlers(app)
+    app.include_router(_v1_router())
+    app.include_router(health.router)
+    return app
+

@@ -1,0 +1,95 @@
+"""Request dependencies: settings, one database session per request, the caller's tenant.
+
+Routes declare what they need with the `Annotated` aliases at the bottom
+(`SettingsDep`, `SessionDep`, `TenantDep`, `EnqueueDep`), as in the full-stack FastAPI
+template. Everything is read from `request.app.state`, which `api.app.create_app` fills,
+so that two apps with different settings (tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session, sessionmaker
+
+from store import keys
+from store.models import Tenant
+from store.settings import Settings
+
+from api.errors import ApiError
+
+# auto_error=False: a missing header must give our 401 (with the error shape), not
+# FastAPI's own 403/401 body.
+_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_sessionmaker(request: Request) -> sessionmaker[Session]:
+    return request.app.state.sessionmaker
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """One session per request; routes commit what they write, the rest is rolled back."""
+    with request.app.state.sessionmaker() as session:
+        yield session
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+SessionMakerDep = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, headers={"WWW-Authenticate": "Bearer"})
+
+
+def get_current_tenant(
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Tenant:
+    """The tenant owning the bearer key; 401 when the key is missing or unknown."""
+    if credentials is None or not credentials.credentials:
+        raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
+    tenant = keys.authenticate(session, credentials.credentials)
+    if tenant is None:
+        raise _unauthorized("invalid API key")
+    return tenant
+
+
+TenantDep = Annotated[Tenant, Depends(get_current_tenant)]
+
+Enqueue = Callable[[str], None]
+
+
+def celery_enqueue(settings: Settings) -> Enqueue:
+    """An enqueue function sending to the broker of `settings`, by task name, queue `gpu`.
+
+    `worker.celery_app.enqueue_job` uses the process-wide settings; an app built with other
+    settings (`brorl up --data-dir`, tests) must reach *its* broker, so a Celery app bound to
+    them is made on first use. Celery is imported lazily, and that module never imports torch.
+    """
+    cache: dict[str, object] = {}
+
+    def enqueue(job_id: str) -> None:
+        from worker import celery_app
+
+        celery = cache.get("app")
+        if celery is None:
+            celery = cache["app"] = celery_app.make_app(settings)
+        celery.send_task(celery_app.RUN_JOB_TASK, args=[job_id],  # type: ignore[attr-defined]
+                         queue=celery_app.GPU_QUEUE)
+
+    return enqueue
+
+
+def get_enqueue(request: Request) -> Enqueue:
+    return request.app.state.enqueue
+
+
+EnqueueDep = Annotated[Enqueue, Depends(get_enqueue)]

@@ -1,0 +1,1 @@
+"""HTTP routers, one module per resource; `api.app.create_app` mounts them under `/v1`."""

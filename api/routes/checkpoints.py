@@ -1,0 +1,84 @@
+"""A job's checkpoints: the list, and each one as a `.tar.gz` of its HF-format folder.
+
+Downloads are cached archives served by `FileResponse` (see `api.archive`), with
+`Content-Length`, a strong `ETag` (the archive's quoted sha256), `X-Checksum-Sha256` for
+clients that verify what they saved, and `If-None-Match` answered with 304.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import FileResponse
+
+from store import jobs
+from store.errors import NotFound
+from store.models import Checkpoint
+
+from api.archive import ensure_archive
+from api.deps import SessionDep, TenantDep
+from api.errors import ApiError
+from api.routes.jobs import job_or_404
+from api.schemas import CheckpointPublic, ListPublic
+
+router = APIRouter(prefix="/jobs/{job_id}/checkpoints", tags=["checkpoints"])
+
+
+def _public(request: Request, ckpt: Checkpoint) -> CheckpointPublic:
+    url = request.url_for("download_checkpoint", job_id=ckpt.job_id, step=str(ckpt.step))
+    return CheckpointPublic(job_id=ckpt.job_id, step=ckpt.step, bytes=ckpt.bytes,
+                            sha256=ckpt.sha256, created_at=ckpt.created_at,
+                            download_url=url.path)
+
+
+@router.get("", response_model=ListPublic[CheckpointPublic])
+def list_checkpoints(job_id: str, request: Request, session: SessionDep,
+                     tenant: TenantDep) -> ListPublic[CheckpointPublic]:
+    """Checkpoints by ascending step (older ones may have been rotated out: keep_last)."""
+    job_or_404(session, tenant.id, job_id)
+    rows = jobs.list_checkpoints(session, tenant.id, job_id)
+    return ListPublic[CheckpointPublic](data=[_public(request, c) for c in rows])
+
+
+def _etag_matches(if_none_match: str | None, etag: str) -> bool:
+    if not if_none_match:
+        return False
+    if if_none_match.strip() == "*":
+        return True
+    # Weak comparison (RFC 9110 13.1.2): W/"x" matches "x".
+    tags = {t.strip().removeprefix("W/") for t in if_none_match.split(",")}
+    return etag in tags
+
+
+@router.get(
+    "/{step}/download",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/gzip": {}}, "description": "The tar.gz archive."},
+               304: {"description": "If-None-Match matched the ETag."},
+               410: {"description": "The checkpoint's files were deleted (rotation)."}},
+)
+def download_checkpoint(
+    job_id: str, step: int, session: SessionDep, tenant: TenantDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """The checkpoint folder as a `.tar.gz`; extract it into an empty folder."""
+    job_or_404(session, tenant.id, job_id)
+    ckpt = jobs.get_checkpoint(session, tenant.id, job_id, step)
+    if ckpt is None:
+        raise NotFound(f"job {job_id} has no checkpoint at step {step}")
+    try:
+        # A sync route runs in the threadpool, so the first request building a large archive
+        # (seconds to minutes) does not hold up other requests.
+        archive = ensure_archive(Path(ckpt.uri))
+    except FileNotFoundError:
+        raise ApiError(410, f"checkpoint at step {step} of job {job_id} is no longer on disk "
+                            f"(deleted by rotation or cleanup)") from None
+    etag = f'"{archive.sha256}"'
+    headers = {"ETag": etag, "X-Checksum-Sha256": archive.sha256, "Cache-Control": "private"}
+    if _etag_matches(if_none_match, etag):
+        return Response(status_code=304, headers=headers)
+    # Our ETag is passed in, so FileResponse keeps it instead of its mtime-based one.
+    return FileResponse(archive.path, media_type="application/gzip", headers=headers,
+                        filename=f"{job_id}-step{step}.tar.gz")

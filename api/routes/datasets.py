@@ -1,0 +1,128 @@
+"""Datasets: upload a JSONL file (one `{"prompt", "answer"}` object a line), list, show.
+
+An upload is all-or-nothing. The body streams into a temp file beside the final location
+(`api.upload`: 413 as soon as it passes `settings.max_upload_bytes`), every line is checked
+with the trainer's own `validate_jsonl` (so the API refuses exactly what the trainer could not
+read; a bad line is a 422 naming its number), then the file is renamed into place and only
+then is its row inserted. Any failure on the way deletes the temp file and inserts nothing;
+a failing insert deletes the renamed file too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, status
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from store import datasets
+from store.artifacts import dataset_path
+from store.errors import NotFound
+from store.settings import Settings
+
+from api.deps import SessionDep, SettingsDep, TenantDep
+from api.errors import ApiError
+from api.schemas import DatasetPublic, ListPublic
+from api.upload import Upload, receive_upload
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+
+# The request body is parsed by hand (streaming), so its schema is declared here for /docs.
+_UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"multipart/form-data": {"schema": {
+            "type": "object",
+            "required": ["file"],
+            "properties": {
+                "file": {"type": "string", "format": "binary",
+                         "description": 'JSONL: one {"prompt": str, "answer": str} per line.'},
+                "name": {"type": "string", "maxLength": 200,
+                         "description": "Defaults to the file's name."},
+            },
+        }}},
+    }
+}
+
+
+def _count_rows(path: Path) -> int:
+    """Rows of a valid JSONL file; ApiError 422 naming the first bad line."""
+    # Imported here: the trainer's task package is only needed by this route.
+    from trainer.tasks.dataset_task import DatasetFormatError, validate_jsonl
+
+    try:
+        with path.open("rb") as fh:
+            return len(validate_jsonl(fh))
+    except DatasetFormatError as exc:
+        # str(exc) starts with "line N: ..." (or "dataset: ..." for whole-file problems).
+        raise ApiError(422, f"invalid dataset: {exc}", field="file") from None
+
+
+def _dataset_name(upload: Upload) -> str:
+    name = (upload.fields.get("name") or upload.filename or "dataset").strip() or "dataset"
+    if len(name) > 200:
+        raise ApiError(422, "name: at most 200 characters", field="name")
+    return name
+
+
+def _store(session: Session, settings: Settings, tenant_id: int, upload: Upload,
+           name: str) -> DatasetPublic:
+    """Validate the temp file, move it into place and record it (runs in a thread)."""
+    assert upload.path is not None
+    rows = _count_rows(upload.path)
+    dataset_id = datasets.new_dataset_id()
+    final = dataset_path(settings, dataset_id)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(upload.path, final)  # same folder tree, so an atomic rename
+    upload.path = None
+    try:
+        row = datasets.create_dataset(session, tenant_id, name=name, sha256=upload.sha256,
+                                      rows=rows, nbytes=upload.nbytes, uri=str(final),
+                                      dataset_id=dataset_id)
+        session.commit()
+    except BaseException:
+        final.unlink(missing_ok=True)
+        raise
+    return DatasetPublic.model_validate(row)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=DatasetPublic,
+             openapi_extra=_UPLOAD_BODY,
+             responses={413: {"description": "Over the upload size limit."},
+                        422: {"description": "A bad line; the message names its number."}})
+async def upload_dataset(request: Request, session: SessionDep, settings: SettingsDep,
+                         tenant: TenantDep) -> DatasetPublic:
+    """Upload a JSONL dataset (multipart: `file`, optional `name`)."""
+    tmp_dir = dataset_path(settings, "x").parent  # the final folder: the move is a rename
+    upload = await receive_upload(request, tmp_dir, settings.max_upload_bytes)
+    try:
+        name = _dataset_name(upload)
+        return await run_in_threadpool(_store, session, settings, tenant.id, upload, name)
+    finally:
+        upload.discard()  # a no-op once the file was moved into place
+
+
+@router.get("", response_model=ListPublic[DatasetPublic])
+def list_datasets(
+    session: SessionDep, tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(description="The last dataset id of the previous page.")] = None,
+) -> ListPublic[DatasetPublic]:
+    """The caller's datasets, newest first."""
+    rows = datasets.list_datasets(session, tenant.id, limit=limit + 1, after=after)
+    return ListPublic[DatasetPublic](data=[DatasetPublic.model_validate(d) for d in rows[:limit]],
+                                     has_more=len(rows) > limit)
+
+
+@router.get("/{dataset_id}", response_model=DatasetPublic)
+def get_dataset(dataset_id: str, session: SessionDep, tenant: TenantDep) -> DatasetPublic:
+    row = datasets.get_dataset(session, tenant.id, dataset_id)
+    if row is None:
+        raise NotFound(f"dataset {dataset_id} not found")
+    return DatasetPublic.model_validate(row)

@@ -1,0 +1,142 @@
+"""A job's event log and metrics: paged lists, and a live metrics stream (Server-Sent Events).
+
+The stream polls the database (the truth, written by whichever worker runs the job) rather
+than subscribing to a broker channel: one query per poll per follower is cheap, works the
+same on SQLite and Postgres, and needs nothing besides the database. Each poll opens its own
+short session in a worker thread and closes it, so a follower watching a day-long job holds
+no connection or transaction between polls.
+
+Wire format (one SSE event per message):
+  event: metric   id: <step>   data: MetricPublic as JSON
+  event: status   data: {"status", "step", "cancel_requested"}   (on every status change)
+  event: end      data: {"status"}   (after a terminal status and its last metric row)
+Reconnecting clients send `Last-Event-ID` (the last step seen), or `?after_step=`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Header, Query, Request
+from sqlalchemy.orm import Session, sessionmaker
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from store import jobs
+from store.models import TERMINAL_STATUSES, JobStatus
+
+from api.deps import SessionDep, TenantDep
+from api.errors import ApiError
+from api.routes.jobs import job_or_404
+from api.schemas import EventPublic, ListPublic, MetricPublic
+
+router = APIRouter(prefix="/jobs/{job_id}", tags=["events & metrics"])
+
+STREAM_BATCH = 500  # metric rows per poll; a backlog is drained without waiting between pages
+PING_SECONDS = 15
+
+
+@router.get("/events", response_model=ListPublic[EventPublic])
+def list_events(
+    job_id: str, session: SessionDep, tenant: TenantDep,
+    after: Annotated[int | None, Query(description="The last event id seen.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> ListPublic[EventPublic]:
+    """Events oldest first."""
+    job_or_404(session, tenant.id, job_id)
+    rows = jobs.list_events(session, tenant.id, job_id, after=after, limit=limit + 1)
+    return ListPublic[EventPublic](data=[EventPublic.model_validate(e) for e in rows[:limit]],
+                                   has_more=len(rows) > limit)
+
+
+@router.get("/metrics", response_model=ListPublic[MetricPublic])
+def list_metrics(
+    job_id: str, session: SessionDep, tenant: TenantDep,
+    after_step: Annotated[int | None, Query(description="Only steps after this one.")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> ListPublic[MetricPublic]:
+    """Metric rows by ascending step."""
+    job_or_404(session, tenant.id, job_id)
+    rows = jobs.list_metrics(session, tenant.id, job_id, after_step=after_step, limit=limit + 1)
+    return ListPublic[MetricPublic](data=[MetricPublic.model_validate(m) for m in rows[:limit]],
+                                    has_more=len(rows) > limit)
+
+
+def _resume_step(last_event_id: str | None, after_step: int | None) -> int | None:
+    """Last-Event-ID wins over ?after_step= (it is what the browser resends on reconnect)."""
+    if last_event_id is None or last_event_id.strip() == "":
+        return after_step
+    try:
+        return int(last_event_id)
+    except ValueError:
+        raise ApiError(422, "Last-Event-ID must be a step number", field="Last-Event-ID") from None
+
+
+def _poll(make: sessionmaker[Session], tenant_id: int, job_id: str,
+          after_step: int | None) -> tuple[dict[str, Any] | None, list[MetricPublic]]:
+    """(the job's state or None if it is gone, new metric rows) from one short session."""
+    with make() as session:
+        # Status first, rows second: if the job was already terminal when read, every row it
+        # wrote is committed before this SELECT, so "terminal and nothing left" really is the end.
+        job = jobs.get_job(session, tenant_id, job_id)
+        if job is None:
+            return None, []
+        state = {"status": job.status.value, "step": job.step,
+                 "cancel_requested": job.cancel_requested}
+        rows = jobs.list_metrics(session, tenant_id, job_id, after_step=after_step,
+                                 limit=STREAM_BATCH)
+        return state, [MetricPublic.model_validate(m) for m in rows]
+
+
+async def _metric_events(make: sessionmaker[Session], tenant_id: int, job_id: str,
+                         after_step: int | None,
+                         poll_seconds: float) -> AsyncIterator[ServerSentEvent]:
+    # No disconnect check here: EventSourceResponse watches the connection and cancels this
+    # generator (at its next await) when the client goes away.
+    last_status: str | None = None
+    while True:
+        state, rows = await anyio.to_thread.run_sync(_poll, make, tenant_id, job_id, after_step)
+        if state is None:  # deleted under us
+            yield ServerSentEvent(event="end", data=json.dumps({"status": None}))
+            return
+        for row in rows:
+            after_step = row.step
+            yield ServerSentEvent(event="metric", id=str(row.step), data=row.model_dump_json())
+        if state["status"] != last_status:
+            last_status = state["status"]
+            yield ServerSentEvent(event="status", data=json.dumps(state))
+        if len(rows) == STREAM_BATCH:
+            continue  # a backlog: fetch the next page at once
+        if JobStatus(state["status"]) in TERMINAL_STATUSES:
+            yield ServerSentEvent(event="end", data=json.dumps({"status": state["status"]}))
+            return
+        await anyio.sleep(poll_seconds)
+
+
+@router.get(
+    "/metrics/stream",
+    response_class=EventSourceResponse,
+    responses={200: {"content": {"text/event-stream": {}},
+                     "description": "`metric`, `status` and `end` events (see the module doc)."}},
+)
+def stream_metrics(
+    job_id: str, request: Request, session: SessionDep, tenant: TenantDep,
+    after_step: Annotated[int | None, Query()] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    """Follow a job's metrics live; the stream closes after the job ends."""
+    job_or_404(session, tenant.id, job_id)
+    start = _resume_step(last_event_id, after_step)
+    tenant_id = tenant.id
+    # The request's session has done its part (auth, 404); release its connection now
+    # instead of holding it for as long as the stream stays open.
+    session.close()
+    state = request.app.state
+    return EventSourceResponse(
+        _metric_events(state.sessionmaker, tenant_id, job_id, start,
+                       state.stream_poll_seconds),
+        ping=PING_SECONDS,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

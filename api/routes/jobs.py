@@ -1,0 +1,101 @@
+"""Jobs: create (with Idempotency-Key), list, show, cancel.
+
+Creating a job is: validate the spec (FastAPI does it against `JobSpec`; the dataset's owner
+is checked here), insert the row, COMMIT, and only then enqueue the id by task name. The
+order matters: a worker that got the message before the commit would find no job. If the
+broker is down the enqueue fails after the commit; the job then stays queued, the request
+still answers 201 (the job exists, and the database is the truth), and the error is logged.
+Such a job is picked up again by re-enqueueing queued jobs (the worker's reaper/requeue).
+
+Idempotency: a request repeating an earlier `Idempotency-Key` with the same body returns
+that job with 200 (not 201: nothing was created, and clients can tell a replay apart); the
+same key with another body is a 409. Replays do not enqueue again: the first request did.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+from sqlalchemy.orm import Session
+
+from store import datasets, jobs
+from store.errors import NotFound
+from store.models import Job, JobStatus
+from trainer.spec import JobSpec
+
+from api.deps import EnqueueDep, SessionDep, TenantDep
+from api.errors import field_error
+from api.schemas import JobPublic, ListPublic
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", max_length=200,
+           description="Retry-safe creation: the same key and body return the same job."),
+]
+
+
+def job_or_404(session: Session, tenant_id: int, job_id: str) -> Job:
+    """The caller's job; another tenant's job is as unknown as a made-up id."""
+    job = jobs.get_job(session, tenant_id, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+@router.post(
+    "", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
+    responses={200: {"model": JobPublic, "description": "Replay of an Idempotency-Key."},
+               409: {"description": "Idempotency-Key reused with a different body."}},
+)
+def create_job(spec: JobSpec, session: SessionDep, tenant: TenantDep, enqueue: EnqueueDep,
+               response: Response, idempotency_key: IdempotencyKey = None) -> JobPublic:
+    """Submit a training job; 201 with the queued job."""
+    dataset = spec.task.dataset
+    if dataset is not None and datasets.get_dataset(session, tenant.id, dataset.id) is None:
+        raise field_error("task.dataset.id", f"no dataset {dataset.id!r} (upload it first)")
+    job, created = jobs.create_job(
+        session, tenant.id, spec.model_dump(mode="json"), total_steps=spec.total_steps,
+        name=spec.name, idempotency_key=idempotency_key)
+    session.commit()
+    public = JobPublic.model_validate(job)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+        return public
+    try:
+        enqueue(job.id)
+    except Exception:  # the job is committed and stays queued; requeue recovers it
+        log.exception("job %s created but could not be enqueued; it stays queued", job.id)
+    return public
+
+
+@router.get("", response_model=ListPublic[JobPublic])
+def list_jobs(
+    session: SessionDep, tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(description="The last job id of the previous page.")] = None,
+    status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+) -> ListPublic[JobPublic]:
+    """The caller's jobs, newest first."""
+    rows, has_more = jobs.list_jobs(session, tenant.id, limit=limit, after=after, status=status_)
+    return ListPublic[JobPublic](data=[JobPublic.model_validate(j) for j in rows],
+                                 has_more=has_more)
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+def get_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobPublic:
+    return JobPublic.model_validate(job_or_404(session, tenant.id, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic,
+             responses={409: {"description": "The job already finished; the message names its state."}})
+def cancel_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobPublic:
+    """Queued: cancelled at once. Running: `cancel_requested` (the worker stops at its next step)."""
+    job = jobs.request_cancel(session, tenant.id, job_id)
+    session.commit()
+    return JobPublic.model_validate(job)

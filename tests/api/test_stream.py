@@ -1,0 +1,120 @@
+"""Events and metrics: paged lists, and the SSE stream (resume, status events, end)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from store import jobs as store_jobs
+from store.db import session_scope
+from store.models import JobStatus
+
+from tests.api.helpers import assert_error, make_spec, parse_sse
+
+
+@pytest.fixture
+def running_job(client, auth, database_url):
+    """(job id, attempt) of a job a fake worker has claimed."""
+    job_id = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
+    with session_scope(database_url) as s:
+        claim = store_jobs.claim(s, job_id, "test-worker", lease_seconds=60)
+    return job_id, claim.attempt
+
+
+def _write_steps(url: str, job_id: str, attempt: int, steps, finish: JobStatus | None = None):
+    for step in steps:
+        with session_scope(url) as s:
+            store_jobs.record_metrics(s, job_id, attempt, step,
+                                      {"step": step, "reward_mean": step / 10, "loss": 1.0})
+    if finish is not None:
+        with session_scope(url) as s:
+            store_jobs.finish(s, job_id, attempt, finish)
+
+
+def test_metrics_list_pages_by_step(client, auth, database_url, running_job):
+    job_id, attempt = running_job
+    _write_steps(database_url, job_id, attempt, [1, 2, 3])
+    page = client.get(f"/v1/jobs/{job_id}/metrics?limit=2", headers=auth).json()
+    assert page["object"] == "list" and page["has_more"] is True
+    assert [m["step"] for m in page["data"]] == [1, 2]
+    assert page["data"][0]["values"] == {"step": 1, "reward_mean": 0.1, "loss": 1.0}
+    rest = client.get(f"/v1/jobs/{job_id}/metrics?after_step=2", headers=auth).json()
+    assert [m["step"] for m in rest["data"]] == [3] and rest["has_more"] is False
+    assert client.get(f"/v1/jobs/{job_id}", headers=auth).json()["step"] == 3
+
+
+def test_events_list_pages_by_id(client, auth, database_url, running_job):
+    job_id, attempt = running_job
+    _write_steps(database_url, job_id, attempt, [], finish=JobStatus.succeeded)
+    events = client.get(f"/v1/jobs/{job_id}/events", headers=auth).json()["data"]
+    assert [e["type"] for e in events] == ["created", "started", "succeeded"]
+    assert all(e["object"] == "job.event" and e["job_id"] == job_id for e in events)
+    after = client.get(f"/v1/jobs/{job_id}/events?after={events[0]['id']}&limit=1",
+                       headers=auth).json()
+    assert [e["type"] for e in after["data"]] == ["started"] and after["has_more"] is True
+
+
+def test_stream_sends_every_metric_then_ends(client, auth, database_url, running_job):
+    job_id, attempt = running_job
+    _write_steps(database_url, job_id, attempt, [1, 2, 3], finish=JobStatus.succeeded)
+    resp = client.get(f"/v1/jobs/{job_id}/metrics/stream", headers=auth)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    events = parse_sse(resp.text)
+    metrics = [e for e in events if e["event"] == "metric"]
+    assert [e["id"] for e in metrics] == ["1", "2", "3"]
+    assert [e["data"]["step"] for e in metrics] == [1, 2, 3]
+    assert metrics[1]["data"]["values"]["reward_mean"] == 0.2
+    assert [e["event"] for e in events] == ["metric"] * 3 + ["status", "end"]
+    assert events[-2]["data"]["status"] == "succeeded"
+    assert events[-1]["data"] == {"status": "succeeded"}
+
+
+@pytest.mark.parametrize("resume", [{"headers": {"Last-Event-ID": "1"}},
+                                    {"params": {"after_step": 1}}])
+def test_stream_resumes_after_the_last_event_id(client, auth, database_url, running_job, resume):
+    job_id, attempt = running_job
+    _write_steps(database_url, job_id, attempt, [1, 2, 3], finish=JobStatus.failed)
+    headers = {**auth, **resume.get("headers", {})}
+    resp = client.get(f"/v1/jobs/{job_id}/metrics/stream", headers=headers,
+                      params=resume.get("params"))
+    events = parse_sse(resp.text)
+    assert [e["id"] for e in events if e["event"] == "metric"] == ["2", "3"]
+    assert events[-1] == {"event": "end", "data": {"status": "failed"}}
+
+
+def test_stream_follows_a_live_job(client, auth, database_url, running_job):
+    job_id, attempt = running_job
+
+    def worker():  # a fake worker writing while the client follows
+        time.sleep(0.2)
+        _write_steps(database_url, job_id, attempt, [1, 2])
+        time.sleep(0.2)
+        _write_steps(database_url, job_id, attempt, [3], finish=JobStatus.succeeded)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        resp = client.get(f"/v1/jobs/{job_id}/metrics/stream", headers=auth)
+    finally:
+        thread.join()
+    events = parse_sse(resp.text)
+    assert [e["id"] for e in events if e["event"] == "metric"] == ["1", "2", "3"]
+    statuses = [e["data"]["status"] for e in events if e["event"] == "status"]
+    assert statuses == ["running", "succeeded"]
+    assert events[-1]["event"] == "end"
+
+
+def test_stream_of_a_cancelled_queued_job_ends_at_once(client, auth):
+    job_id = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
+    client.post(f"/v1/jobs/{job_id}/cancel", headers=auth)
+    events = parse_sse(client.get(f"/v1/jobs/{job_id}/metrics/stream", headers=auth).text)
+    assert [e["event"] for e in events] == ["status", "end"]
+
+
+def test_bad_last_event_id_is_422(client, auth, running_job):
+    job_id, _ = running_job
+    resp = client.get(f"/v1/jobs/{job_id}/metrics/stream",
+                      headers={**auth, "Last-Event-ID": "abc"})
+    assert_error(resp, 422, field="Last-Event-ID")
