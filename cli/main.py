@@ -1,16 +1,17 @@
 """`brorl`: one typer app; each module registers its own commands.
 
-- cli.remote: talks to a running service (submit, jobs, metrics, download)
-- cli.server: runs the service (up, demo, keys, worker)
-- cli.local:  runs the trainer with no server (train, eval, schedule, simulate)
+- cli.remote:   talks to a running service (submit, jobs, metrics, download, datasets)
+- cli.server:   runs the service (up, demo, worker, migrate, keys)
+- cli.local:    runs the trainer with no server (train, eval, schedule)
+- cli.evidence: the paper's claims on your hardware (simulate)
 Heavy imports (torch, FastAPI, Celery) happen inside the commands, so `brorl --help` is quick.
 """
 import typer
 
-from cli import local, remote, server
+from cli import evidence, local, remote, server
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="BroRL as a service.")
-for module in (remote, server, local):
+for module in (remote, server, local, evidence):
     module.register(app)
 
 if __name__ == "__main__":

@@ -1,5 +1,268 @@
-"""brorl server commands."""
+"""`brorl` commands that run the service: up, demo, worker, migrate, keys create.
+
+`brorl up` is the embedded default: SQLite for the database and the Celery broker (files in
+the data dir), the API (uvicorn) and one worker as child processes, no server to install.
+Each child runs in its own session (process group) so that Ctrl-C reaches only `brorl up`,
+which then stops both children itself: SIGTERM, a bounded wait, SIGKILL to the group (which
+also takes the worker's embedded beat process).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+console = Console()
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_SPEC = REPO_ROOT / "examples" / "demo.yaml"
+LOCAL_TENANT = "local"
 
 
-def register(app):
-    pass
+# --------------------------------------------------------------------------- helpers
+
+
+def _use_data_dir(data_dir: Path | None) -> None:
+    """Point this process and its children at `data_dir` (absolute, so cwd doesn't matter)."""
+    if data_dir is not None:
+        os.environ["BRORL_DATA_DIR"] = str(data_dir.expanduser().resolve())
+    from store.settings import reset_settings_cache
+
+    reset_settings_cache()
+
+
+def ensure_local_key(data_dir: Path) -> tuple[str, bool]:
+    """The local tenant's key from `<data_dir>/local.key`, created (0600) on first start.
+
+    A key file whose key the database no longer knows (the database was deleted) is replaced.
+    Returns (key, created).
+    """
+    from store import keys
+    from store.db import session_scope
+
+    path = data_dir / "local.key"
+    if path.is_file():
+        key = path.read_text().strip()
+        with session_scope() as s:
+            if keys.authenticate(s, key) is not None:
+                return key, False
+    with session_scope() as s:
+        key = keys.create_key(s, LOCAL_TENANT)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    os.replace(tmp, path)
+    return key, True
+
+
+def worker_argv(queues: str, beat: bool, pool: str, concurrency: int, loglevel: str) -> list[str]:
+    """`celery worker` arguments; `beat` also serves the reaper's maintenance queue."""
+    from worker.celery_app import MAINTENANCE_QUEUE
+
+    names = [q for q in queues.split(",") if q]
+    if beat and MAINTENANCE_QUEUE not in names:
+        names.append(MAINTENANCE_QUEUE)
+    argv = ["worker", "-Q", ",".join(names), "-c", str(concurrency), "--pool", pool,
+            "--loglevel", loglevel, "--without-gossip", "--without-mingle"]
+    if pool == "prefork":
+        # A fresh child per job: GPU memory and global state from the last job are released.
+        argv += ["--max-tasks-per-child", "1"]
+    if beat:
+        argv.append("-B")
+    return argv
+
+
+def _spawn(argv: list[str], **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(argv, start_new_session=True, **kwargs)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_or_kill(proc: subprocess.Popen, timeout: float) -> None:
+    """Wait up to `timeout` for the child, then SIGKILL its whole group."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    # Also takes grandchildren (the worker's embedded beat) a dying child left behind.
+    _signal_group(proc, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM the child's group, wait up to `timeout`, then SIGKILL the group."""
+    if proc.poll() is None:
+        _signal_group(proc, signal.SIGTERM)
+    wait_or_kill(proc, timeout)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def supervise(procs: dict[str, subprocess.Popen], stop_timeout: float) -> int:
+    """Wait until Ctrl-C / SIGTERM or a child exits, then stop every child; exit code."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        while True:
+            for name, proc in procs.items():
+                if proc.poll() is not None:
+                    console.print(f"[red]{name} exited with status {proc.returncode}[/red]")
+                    return proc.returncode or 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        console.print("stopping...")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the stop
+        # Signal both first, then wait: the API and the worker shut down in parallel.
+        for proc in procs.values():
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGTERM)
+        for proc in procs.values():
+            wait_or_kill(proc, stop_timeout)
+        signal.signal(signal.SIGTERM, previous)
+        console.print("stopped")
+    return 0
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _up(host: str, port: int, data_dir: Optional[Path], stop_timeout: float) -> int:
+    _use_data_dir(data_dir)
+    from store import migrate
+    from store.settings import get_settings
+
+    settings = get_settings()
+    migrate.upgrade(settings.database_url)
+    key, created = ensure_local_key(settings.data_dir)
+    url = f"http://{host}:{port}"
+    console.print(f"BroRL at [bold]{url}[/bold]  (data dir {settings.data_dir})", highlight=False,
+                  soft_wrap=True)
+    console.print(f"API key{' (new)' if created else ''}: {key}", highlight=False, soft_wrap=True)
+    console.print(f"  export BRORL_URL={url} BRORL_API_KEY={key}", highlight=False, soft_wrap=True)
+    sys.stdout.flush()
+    api_argv = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory",
+                "--host", host, "--port", str(port), "--timeout-graceful-shutdown", "5"]
+    procs = {"api": _spawn(api_argv)}
+    procs["worker"] = _spawn([sys.executable, "-m", "cli.main", "worker", "--beat"])
+    return supervise(procs, stop_timeout)
+
+
+def _wait_ready(client, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not client.ready():
+        if proc.poll() is not None:
+            raise RuntimeError(f"`brorl up` exited with status {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the API was not ready after {timeout:.0f}s")
+        time.sleep(0.5)
+
+
+def _demo(data_dir: Path, port: Optional[int], spec_path: Path, ready_timeout: float) -> int:
+    from cli.client import BrorlClient
+    from cli.remote import follow_job, load_spec_file, print_outcome
+
+    data_dir = data_dir.expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    host, port = "127.0.0.1", port or _free_port("127.0.0.1")
+    log_path = data_dir / "stack.log"
+    console.print(f"starting the embedded stack on port {port} (logs: {log_path})", highlight=False)
+    with open(log_path, "ab") as log:
+        stack = _spawn([sys.executable, "-m", "cli.main", "up", "--host", host, "--port", str(port),
+                        "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        key_file = data_dir / "local.key"
+        client = BrorlClient(f"http://{host}:{port}", None, timeout=60.0)
+        _wait_ready(client, stack, ready_timeout)
+        client = BrorlClient(client.base_url, key_file.read_text().strip(), timeout=60.0)
+        job = client.submit(load_spec_file(spec_path))
+        console.print(f"submitted {job['id']} ({spec_path.name}); following it", highlight=False)
+        return print_outcome(follow_job(client, job["id"]))
+    finally:
+        if stack.poll() is None:
+            stack.send_signal(signal.SIGINT)  # `up` stops its own children
+        try:
+            stack.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            stop_process(stack, 5)
+
+
+def register(app: typer.Typer) -> None:
+    keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
+    app.add_typer(keys_app, name="keys")
+
+    @app.command()
+    def up(host: str = typer.Option("127.0.0.1", "--host"),
+           port: int = typer.Option(8000, "--port"),
+           data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Default: BRORL_DATA_DIR or ~/.brorl."),
+           stop_timeout: float = typer.Option(15.0, "--stop-timeout", help="Seconds before SIGKILL.")):
+        """Run the API and one worker on SQLite files in the data dir (Ctrl-C stops both)."""
+        raise typer.Exit(_up(host, port, data_dir, stop_timeout))
+
+    @app.command()
+    def demo(data_dir: Path = typer.Option(Path(".brorl/demo"), "--data-dir"),
+             port: Optional[int] = typer.Option(None, "--port", help="Default: a free port."),
+             spec: Path = typer.Option(DEMO_SPEC, "--spec", exists=True, dir_okay=False),
+             ready_timeout: float = typer.Option(180.0, "--ready-timeout")):
+        """Start the embedded stack, submit the demo job, follow it, stop; 0 iff it succeeded."""
+        try:
+            code = _demo(data_dir, port, spec, ready_timeout)
+        except Exception as exc:  # noqa: BLE001 - one readable line, not a traceback
+            console.print(f"[red]demo failed: {exc}[/red]", highlight=False)
+            code = 1
+        raise typer.Exit(code)
+
+    @app.command()
+    def worker(queues: str = typer.Option("gpu", "--queues", "-Q"),
+               beat: bool = typer.Option(False, "--beat", "-B",
+                                         help="Also run the reaper's schedule (one per deployment!)."),
+               pool: str = typer.Option("solo", "--pool", help="solo | prefork"),
+               concurrency: int = typer.Option(1, "--concurrency", "-c"),
+               loglevel: str = typer.Option("INFO", "--loglevel")):
+        """Run a Celery worker for training jobs (queue gpu, one job at a time)."""
+        from store.settings import get_settings
+        from worker.celery_app import app as celery_app
+
+        get_settings()  # creates the data dir (the beat schedule file lives there)
+        celery_app.worker_main(worker_argv(queues, beat, pool, concurrency, loglevel))
+
+    @app.command()
+    def migrate():
+        """Bring the database (BRORL_DATABASE_URL) up to the newest schema."""
+        from store import migrate as store_migrate
+
+        store_migrate.upgrade()
+        console.print("database at head")
+
+    @keys_app.command("create")
+    def keys_create(tenant: str = typer.Option(..., "--tenant"),
+                    data_dir: Optional[Path] = typer.Option(None, "--data-dir")):
+        """Create an API key for TENANT (created if new); the key is shown only this once."""
+        _use_data_dir(data_dir)
+        from store import keys
+        from store.db import session_scope
+
+        with session_scope() as s:
+            key = keys.create_key(s, tenant)
+        typer.echo(key)

@@ -81,3 +81,10 @@ def test_spec_is_torch_free_and_schema(tmp_path):
     p = tmp_path / "s.json"
     p.write_text(json.dumps({"name": "t", "task": RG}))
     assert load_spec(p).name == "t"
+
+
+def test_committed_json_schema_is_current():
+    from pathlib import Path
+
+    committed = json.loads((Path(__file__).parents[2] / "docs" / "jobspec.schema.json").read_text())
+    assert committed == json_schema(), "regenerate with: brorl schema -o docs/jobspec.schema.json"

@@ -1,0 +1,75 @@
+"""A stand-in for `trainer.train` used by the worker and end-to-end tests.
+
+It has the real signature and talks to the sink exactly like the trainer: one `metrics` call
+per step (3 steps), a `stage_started` event, and a checkpoint folder (two files plus its
+sha256) at the last step. It honours `should_stop` before every step and resumes after the
+step stored in a checkpoint folder. Tests steer it through the job's `name`, because that
+survives the trip through HTTP, the database and a worker subprocess:
+- `sleep=SECONDS`: sleep that long in every step (default 0.05 s), to catch a job mid-run;
+- `fail`: raise RuntimeError("fake trainer failure") after the first step.
+A dataset job fails unless `dataset_path` is an existing file (the runner must resolve it).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+STEPS = 3
+
+
+@dataclass
+class FakeResult:
+    steps_done: int
+    stopped: bool
+    checkpoint: Path | None
+
+
+def _options(name: str) -> tuple[float, bool]:
+    match = re.search(r"sleep=([0-9.]+)", name)
+    return (float(match.group(1)) if match else 0.05), ("fail" in name.split())
+
+
+def write_checkpoint(out_dir: Path, step: int) -> tuple[Path, int, str]:
+    """A checkpoint folder shaped like an HF save: config + weights; returns (dir, bytes, sha)."""
+    folder = out_dir / "checkpoints" / f"step_{step:06d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "fake", "step": step}))
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+    (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+    digest = hashlib.sha256()
+    nbytes = 0
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        digest.update(path.name.encode() + b"\0" + data)
+        nbytes += len(data)
+    return folder, nbytes, digest.hexdigest()
+
+
+def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = None, *,
+          out_dir: Path, dataset_path: Path | None = None) -> FakeResult:
+    sleep_s, fail = _options(spec.name)
+    if dataset_path is not None and not Path(dataset_path).is_file():
+        raise FileNotFoundError(f"dataset {dataset_path} is missing")
+    start = 0
+    if resume is not None:
+        start = json.loads((Path(resume) / "trainer_state.json").read_text())["step"]
+        sink.event("stage_started", {"stage": 0, "resumed_from_step": start})
+    if start == 0:
+        sink.event("stage_started", {"stage": 0, "n": spec.rollout.schedule[0].n})
+    checkpoint = None
+    for step in range(start + 1, STEPS + 1):
+        if should_stop():
+            return FakeResult(step - 1, True, checkpoint)
+        time.sleep(sleep_s)
+        values: dict[str, Any] = {"reward_mean": 0.1 * step, "loss": 1.0 / step, "stage": 0}
+        sink.metrics(step, values)
+        if fail:
+            raise RuntimeError("fake trainer failure")
+    checkpoint, nbytes, sha = write_checkpoint(Path(out_dir), STEPS)
+    sink.checkpoint(STEPS, checkpoint, nbytes, sha)
+    return FakeResult(STEPS, False, checkpoint)

@@ -1,0 +1,48 @@
+"""docker-compose.yml is valid compose (checked by the docker CLI, no engine needed)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _compose_command() -> list[str] | None:
+    """`docker compose` (the v2 plugin) if present, else the standalone `docker-compose`."""
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+def test_compose_config_is_valid():
+    command = _compose_command()
+    if command is None:
+        pytest.skip("neither `docker compose` (the v2 CLI plugin) nor `docker-compose` is "
+                    "installed, so the compose file cannot be validated here")
+    result = subprocess.run([*command, "-f", "docker-compose.yml", "config", "-q"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_compose_file_shape():
+    """What the deployment relies on, checked without docker."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    assert {"postgres", "redis", "migrate", "api", "worker", "reaper"} <= set(services)
+    assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    beats = [name for name, svc in services.items() if "--beat" in (svc.get("command") or [])]
+    assert beats == ["reaper"], "exactly one Celery beat, or the reaper runs twice"
+    for name in ("api", "worker"):
+        assert "artifacts:/artifacts" in services[name]["volumes"]
+    env = services["api"]["environment"]
+    assert env["BRORL_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert env["BRORL_BROKER_URL"] == "redis://redis:6379/0"

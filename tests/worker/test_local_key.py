@@ -1,0 +1,34 @@
+"""`brorl up`'s local key: created once (0600), reused on later starts, replaced if stale."""
+from __future__ import annotations
+
+import stat
+
+from cli.server import ensure_local_key, worker_argv
+from store import keys
+from store.db import session_scope
+
+
+def test_key_is_created_once_then_reused(data_dir):
+    key, created = ensure_local_key(data_dir)
+    assert created and key.startswith("brorl_")
+    path = data_dir / "local.key"
+    assert path.read_text().strip() == key
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ensure_local_key(data_dir) == (key, False)
+    with session_scope() as s:
+        assert keys.authenticate(s, key).name == "local"
+
+
+def test_a_key_the_database_does_not_know_is_replaced(data_dir):
+    (data_dir / "local.key").write_text("brorl_not-in-this-database\n")
+    key, created = ensure_local_key(data_dir)
+    assert created and key != "brorl_not-in-this-database"
+    assert (data_dir / "local.key").read_text().strip() == key
+
+
+def test_worker_argv():
+    assert worker_argv("gpu", False, "solo", 1, "INFO")[:7] == [
+        "worker", "-Q", "gpu", "-c", "1", "--pool", "solo"]
+    beat = worker_argv("gpu", True, "prefork", 1, "INFO")
+    assert beat[2] == "gpu,maintenance" and "-B" in beat
+    assert beat[beat.index("--max-tasks-per-child") + 1] == "1"

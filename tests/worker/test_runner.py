@@ -1,0 +1,215 @@
+"""The job runner against SQLite with the fake trainer: claim, run, finish and every way out.
+
+No broker here: `worker.runner.run_job` is called directly, which is exactly what the Celery
+task does. Concurrency (cancel, fencing) is driven from a second thread with bounded waits.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from store import jobs
+from store.db import session_scope
+from store.models import Checkpoint, Job, JobEvent, JobStatus, Metric
+from tests.worker.fake_trainer import write_checkpoint
+from worker import runner
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def job_row(job_id: str) -> Job:
+    with session_scope() as s:
+        return s.get(Job, job_id)
+
+
+def events(job_id: str) -> list[tuple[str, dict]]:
+    with session_scope() as s:
+        rows = s.query(JobEvent).filter_by(job_id=job_id).order_by(JobEvent.id).all()
+        return [(str(e.type.value), dict(e.data)) for e in rows]
+
+
+def metric_steps(job_id: str) -> list[int]:
+    with session_scope() as s:
+        return sorted(m.step for m in s.query(Metric).filter_by(job_id=job_id))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def run_in_thread(job_id: str) -> tuple[threading.Thread, dict]:
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(status=runner.run_job(job_id)))
+    thread.start()
+    return thread, result
+
+
+def test_claim_run_finish(new_job):
+    job_id = new_job()
+    assert runner.run_job(job_id) == "succeeded"
+    job = job_row(job_id)
+    assert (job.status, job.attempt, job.step, job.lease_owner) == (JobStatus.succeeded, 1, 3, None)
+    assert metric_steps(job_id) == [1, 2, 3]
+    types = [t for t, _ in events(job_id)]
+    assert types == ["created", "started", "stage_started", "checkpoint_saved", "succeeded"]
+    with session_scope() as s:
+        (ckpt,) = s.query(Checkpoint).filter_by(job_id=job_id).all()
+        assert ckpt.step == 3 and Path(ckpt.uri).is_dir() and Path(ckpt.uri).is_absolute()
+        assert (Path(ckpt.uri) / "config.json").is_file() and len(ckpt.sha256) == 64
+
+
+def test_duplicate_delivery_runs_once(new_job):
+    job_id = new_job()
+    assert runner.run_job(job_id) == "succeeded"
+    assert runner.run_job(job_id) is None
+    assert [t for t, _ in events(job_id)].count("started") == 1
+    assert job_row(job_id).attempt == 1
+
+
+def test_unknown_job_is_ignored(data_dir):
+    assert runner.run_job("job_does_not_exist") is None
+
+
+def test_trainer_exception_fails_with_traceback(new_job):
+    job_id = new_job("fake fail")
+    assert runner.run_job(job_id) == "failed"
+    job = job_row(job_id)
+    assert job.status == JobStatus.failed
+    assert "fake trainer failure" in job.error and "RuntimeError" in job.error
+    failed = [d for t, d in events(job_id) if t == "failed"]
+    assert any("Traceback" in d.get("traceback", "") and "fake_trainer.py" in d["traceback"]
+               for d in failed)
+
+
+def test_bad_entrypoint_fails_the_job_not_the_worker(new_job, monkeypatch):
+    from store.settings import reset_settings_cache
+
+    monkeypatch.setenv("BRORL_TRAINER_ENTRYPOINT", "no_such_trainer_module:train")
+    reset_settings_cache()
+    job_id = new_job()
+    assert runner.run_job(job_id) == "failed"
+    assert "no_such_trainer_module" in job_row(job_id).error
+
+
+def test_cancel_mid_run(new_job, tenant_id):
+    job_id = new_job("fake sleep=0.5")
+    thread, result = run_in_thread(job_id)
+    wait_for(lambda: job_row(job_id).step >= 1)
+    with session_scope() as s:
+        assert jobs.request_cancel(s, tenant_id, job_id).status == JobStatus.running
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    assert result["status"] == "cancelled"
+    assert job_row(job_id).status == JobStatus.cancelled
+    assert metric_steps(job_id) != [1, 2, 3]  # stopped before the end
+
+
+def test_stale_attempt_is_fenced_and_stops(new_job):
+    job_id = new_job("fake sleep=0.4")
+    thread, result = run_in_thread(job_id)
+    wait_for(lambda: job_row(job_id).step >= 1)
+    # As if the lease had expired: the reaper requeues, another worker claims attempt 2.
+    with session_scope() as s:
+        s.query(Job).filter_by(id=job_id).update({"lease_expires_at": job_row(job_id).created_at})
+    with session_scope() as s:
+        assert jobs.reap_expired(s) == [job_id]
+    with session_scope() as s:
+        assert jobs.claim(s, job_id, "other-worker", 60).attempt == 2
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    assert result["status"] is None
+    job = job_row(job_id)
+    # The stale worker wrote nothing final: the job is still attempt 2's.
+    assert (job.status, job.attempt, job.lease_owner) == (JobStatus.running, 2, "other-worker")
+    assert "succeeded" not in [t for t, _ in events(job_id)]
+
+
+def test_wall_clock_limit_fails_the_job(new_job):
+    job_id = new_job("fake sleep=0.6", max_wall_seconds=1)
+    assert runner.run_job(job_id) == "failed"
+    assert job_row(job_id).error == runner.WALL_LIMIT_ERROR
+
+
+def _claim_and_expire(job_id: str) -> None:
+    with session_scope() as s:
+        assert jobs.claim(s, job_id, "dead-worker", lease_seconds=0.01) is not None
+    time.sleep(0.05)
+
+
+def test_reaper_requeues_then_gives_up(new_job):
+    job_id = new_job(max_attempts=2)
+    sent: list[str] = []
+    _claim_and_expire(job_id)
+    assert runner.reap_and_requeue(sent.append) == [job_id]
+    assert sent == [job_id] and job_row(job_id).status == JobStatus.queued
+    _claim_and_expire(job_id)  # attempt 2 = max_attempts dies too
+    assert runner.reap_and_requeue(sent.append) == []
+    job = job_row(job_id)
+    assert job.status == JobStatus.failed and "2 attempts" in job.error
+    assert sent == [job_id]
+
+
+def test_requeued_job_resumes_from_its_checkpoint(new_job, data_dir):
+    job_id = new_job()
+    with session_scope() as s:
+        attempt = jobs.claim(s, job_id, "dead-worker", lease_seconds=0.01).attempt
+    folder, nbytes, sha = write_checkpoint(data_dir / "artifacts" / "jobs" / job_id, 3)
+    with session_scope() as s:
+        jobs.record_checkpoint(s, job_id, attempt, 3, str(folder), nbytes, sha)
+    time.sleep(0.05)
+    assert runner.reap_and_requeue(lambda _id: None) == [job_id]
+    assert runner.run_job(job_id) == "succeeded"
+    assert job_row(job_id).attempt == 2
+    resumed = [d for t, d in events(job_id) if t == "stage_started"]
+    assert resumed and resumed[-1].get("resumed_from_step") == 3
+
+
+def test_heartbeat_renews_lease_and_sees_cancel(new_job, tenant_id):
+    from store.settings import get_settings
+
+    job_id = new_job()
+    with session_scope() as s:
+        claim = jobs.claim(s, job_id, "w", lease_seconds=5)
+    before = job_row(job_id).lease_expires_at
+    state = runner.StopState(max_wall_seconds=100)
+    beat = runner.Heartbeat(job_id, claim.attempt, get_settings(), state)
+    time.sleep(0.01)
+    beat.beat()
+    assert job_row(job_id).lease_expires_at > before and not state.should_stop()
+    with session_scope() as s:
+        jobs.request_cancel(s, tenant_id, job_id)
+    beat.beat()
+    assert state.cancel_requested and state.should_stop()
+
+
+def test_reap_task_requeues_through_celery_enqueue(new_job, monkeypatch):
+    from worker import tasks
+
+    sent: list[str] = []
+    monkeypatch.setattr(tasks, "enqueue_job", sent.append)
+    job_id = new_job()
+    _claim_and_expire(job_id)
+    assert tasks.reap() == [job_id] and sent == [job_id]
+    assert tasks.run_job(job_id) == "succeeded"  # the task body is the runner
+
+
+def test_worker_shutdown_stops_the_run_without_finishing_it(new_job):
+    job_id = new_job("fake sleep=0.4")
+    thread, result = run_in_thread(job_id)
+    try:
+        wait_for(lambda: job_row(job_id).step >= 1)
+        runner.request_shutdown()
+        thread.join(timeout=20)
+    finally:
+        runner.clear_shutdown()
+    assert not thread.is_alive() and result["status"] is None
+    job = job_row(job_id)
+    assert job.status == JobStatus.running and job.attempt == 1  # left for the reaper
+    assert "succeeded" not in [t for t, _ in events(job_id)]

@@ -1,0 +1,102 @@
+"""The Celery app: configuration from the settings, task routing and `enqueue_job`.
+
+The API imports this module to enqueue by task name, so it must stay light: no torch, no
+trainer internals, and not even `worker.tasks` (the worker imports that through `include`).
+The database is the truth about a job; a Celery message is only a trigger that says "look at
+job X". That is why results are ignored, retries are not Celery's business, and a duplicate
+delivery is harmless (the runner's claim is a compare-and-set that refuses it).
+
+Visibility timeout vs lease (read this before changing either number):
+- The lease (`lease_seconds`, renewed every `heartbeat_seconds`) is how a dead worker is
+  noticed: the reaper requeues a running job whose lease expired, up to `limits.max_attempts`.
+- The broker visibility timeout (Redis only) is how long an unacknowledged message stays
+  invisible before Redis hands it to another worker. With `task_acks_late` a training
+  message stays unacknowledged for the whole run, so for jobs longer than the timeout Redis
+  *will* redeliver it while the job is healthy. That copy is harmless (the claim refuses a
+  job that is not queued), but it is noise, so the timeout is set far above the lease
+  (default 2 h vs 120 s). Redelivery is never the recovery path: the lease + reaper is.
+- The SQLite broker (kombu's SQLAlchemy transport) has no visibility timeout, and its
+  transport options are passed to `create_engine`, where an unknown key raises TypeError;
+  so the option is only set for Redis.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from store.settings import Settings, get_settings
+
+RUN_JOB_TASK = "brorl.run_job"
+REAP_TASK = "brorl.reap"
+GPU_QUEUE = "gpu"
+# The reaper runs on its own queue so that a CPU-only process (compose's `reaper` service)
+# can serve it while every GPU worker is busy with a long training task.
+MAINTENANCE_QUEUE = "maintenance"
+
+
+def _is_redis(url: str) -> bool:
+    return url.startswith(("redis://", "rediss://", "redis+socket://"))
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The whole Celery configuration, derived from the service settings."""
+    interval = float(settings.reaper_interval_seconds)
+    conf: dict[str, Any] = {
+        "broker_url": settings.broker_url,
+        "broker_connection_retry_on_startup": True,
+        # The database holds every result; a result backend would be a second truth.
+        "result_backend": None,
+        "task_ignore_result": True,
+        # Ack after the task returns, and requeue if the worker process dies mid-task; the
+        # claim CAS makes the redelivered copy a no-op when the job is already running.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        # One training job per worker process at a time; do not hoard messages that another
+        # idle GPU worker could take.
+        "worker_prefetch_multiplier": 1,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_default_queue": GPU_QUEUE,
+        "task_routes": {
+            RUN_JOB_TASK: {"queue": GPU_QUEUE},
+            REAP_TASK: {"queue": MAINTENANCE_QUEUE},
+        },
+        "beat_schedule": {
+            "reap-expired-leases": {
+                "task": REAP_TASK,
+                "schedule": interval,
+                # A reap stuck behind a long job in a busy queue is stale by the next tick.
+                "options": {"queue": MAINTENANCE_QUEUE, "expires": max(interval, 1.0)},
+            },
+        },
+        "beat_schedule_filename": str(settings.data_dir / "celerybeat-schedule"),
+        "worker_hijack_root_logger": False,
+        "enable_utc": True,
+    }
+    if _is_redis(settings.broker_url):
+        conf["broker_transport_options"] = {
+            "visibility_timeout": settings.broker_visibility_timeout,
+        }
+    return conf
+
+
+def make_app(settings: Settings | None = None) -> Celery:
+    """A Celery app bound to `settings` (the process-wide ones when omitted, read lazily)."""
+    celery = Celery("brorl", include=["worker.tasks"], set_as_current=settings is None)
+    if settings is None:
+        # Lazy: the settings are read when Celery first needs its config, so importing this
+        # module (the API does) neither creates the data dir nor freezes the environment.
+        celery.add_defaults(lambda: celery_config(get_settings()))
+    else:
+        celery.conf.update(celery_config(settings))
+    return celery
+
+
+# `celery -A worker.celery_app worker` finds this attribute.
+app = make_app()
+
+
+def enqueue_job(job_id: str) -> None:
+    """Ask a GPU worker to run job `job_id` (call after the job row is committed)."""
+    app.send_task(RUN_JOB_TASK, args=[job_id], queue=GPU_QUEUE)

@@ -1,0 +1,228 @@
+"""The job runner: claim a job, train it under a lease, record the outcome.
+
+This is the logic behind the Celery task (which is a few lines in `worker.tasks`), so it can
+be tested without a broker. One run, top to bottom:
+
+1. claim: one compare-and-set in the store that moves the job queued -> running, bumps the
+   attempt and takes the lease. A duplicate or stale message finds nothing to claim and
+   returns at once.
+2. a heartbeat thread renews the lease every `heartbeat_seconds` and brings back the
+   job's `cancel_requested` flag; when the store answers `Fenced` (a newer attempt owns the
+   job) it stops renewing and the run must stop too.
+3. `train(spec, DbSink, should_stop, resume=..., out_dir=..., dataset_path=...)`, where
+   `should_stop` turns true on cancel, on fencing and past `limits.max_wall_seconds`.
+4. finish: succeeded, cancelled (stopped by a cancel), or failed (an exception, with a
+   `failed` event carrying the traceback, or the wall-clock limit). A fenced run writes
+   nothing: the job is no longer ours. A run stopped because the worker is shutting down
+   writes nothing either: the lease runs out and the reaper requeues the job.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from store import artifacts, datasets, jobs
+from store.db import session_scope
+from store.errors import Fenced
+from store.settings import Settings, get_settings
+from worker.sink import DbSink
+
+log = logging.getLogger(__name__)
+
+WALL_LIMIT_ERROR = "exceeded max_wall_seconds"
+
+
+# Set when this worker process is shutting down (worker.tasks connects it to Celery's
+# worker_shutting_down signal): the running job stops at its next step instead of being
+# killed mid-step when the stop grace period runs out.
+_shutdown = threading.Event()
+
+
+def request_shutdown() -> None:
+    _shutdown.set()
+
+
+def clear_shutdown() -> None:
+    """Forget a shutdown request (tests; a worker process never un-shuts-down)."""
+    _shutdown.clear()
+
+
+@dataclass
+class StopState:
+    """Why a run should stop; written by the heartbeat thread and the sink, read by the loop."""
+
+    max_wall_seconds: float
+    started: float = field(default_factory=time.monotonic)
+    cancel_requested: bool = False
+    fenced: bool = False
+    wall_exceeded: bool = False
+    shutdown: bool = False
+
+    def should_stop(self) -> bool:
+        # The wall-clock limit counts from this attempt's claim: a retried job gets a fresh
+        # budget (a simplification; the alternative needs the first attempt's start time).
+        if time.monotonic() - self.started > self.max_wall_seconds:
+            self.wall_exceeded = True
+        self.shutdown = self.shutdown or _shutdown.is_set()
+        return self.cancel_requested or self.fenced or self.wall_exceeded or self.shutdown
+
+
+class Heartbeat(threading.Thread):
+    """Renews the lease of (job, attempt) until stopped or fenced off."""
+
+    def __init__(self, job_id: str, attempt: int, settings: Settings, state: StopState) -> None:
+        super().__init__(name=f"heartbeat-{job_id}", daemon=True)
+        self.job_id, self.attempt, self.state = job_id, attempt, state
+        self.interval = float(settings.heartbeat_seconds)
+        self.lease_seconds = settings.lease_seconds
+        self._done = threading.Event()
+
+    def beat(self) -> None:
+        """One renewal; public so tests (and the runner) can beat without waiting."""
+        try:
+            with session_scope() as s:
+                if jobs.heartbeat(s, self.job_id, self.attempt, self.lease_seconds):
+                    self.state.cancel_requested = True
+        except Fenced:
+            log.warning("job %s attempt %s lost its lease", self.job_id, self.attempt)
+            self.state.fenced = True
+            self._done.set()
+        except Exception:  # noqa: BLE001 - a flaky database must not kill the thread
+            # The lease outlives several missed beats; the next one may well succeed.
+            log.exception("heartbeat for job %s failed; will retry", self.job_id)
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            self.beat()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=max(self.interval, 1.0) + 5.0)
+
+
+def resolve_entrypoint(dotted: str) -> Callable[..., Any]:
+    """`"package.module:function"` -> the function (the trainer, or a test double)."""
+    module_name, _, attr = dotted.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"trainer entrypoint {dotted!r} is not 'module:function'")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _resume_dir(job_id: str) -> Path | None:
+    """The folder of this job's latest recorded checkpoint, if it still exists on disk."""
+    with session_scope() as s:
+        ckpt = jobs.latest_checkpoint(s, job_id)
+        uri = getattr(ckpt, "uri", None) if ckpt is not None else None
+    if not uri:
+        return None
+    path = Path(uri.removeprefix("file://"))
+    return path if path.exists() else None
+
+
+def _dataset_path(spec: Any, tenant_id: int) -> Path | None:
+    """The uploaded JSONL of a dataset task, checked to belong to the job's tenant.
+
+    The API checks ownership at submit time; checking again here costs one query and keeps a
+    hand-edited job row from reading another tenant's data.
+    """
+    if spec.task.dataset is None:
+        return None
+    dataset_id = spec.task.dataset.id
+    with session_scope() as s:
+        row = datasets.get_dataset_unscoped(s, dataset_id)
+        if row is None or row.tenant_id != tenant_id:
+            raise ValueError(f"task.dataset.id: dataset {dataset_id} not found")
+        return Path(row.uri)
+
+
+def _finish(job_id: str, attempt: int, status: str, error: str | None = None,
+            tb: str | None = None) -> None:
+    """Record the outcome; a `Fenced` here means someone else owns the job now: say nothing."""
+    try:
+        with session_scope() as s:
+            if tb is not None:
+                jobs.add_event(s, job_id, "failed", {"error": error, "traceback": tb},
+                               attempt=attempt)
+            jobs.finish(s, job_id, attempt, status, error=error)
+    except Fenced:
+        log.warning("job %s attempt %s fenced before finishing as %s", job_id, attempt, status)
+
+
+def run_job(job_id: str, settings: Settings | None = None) -> str | None:
+    """Run job `job_id` if it can be claimed; returns the final status, None if not ours."""
+    from trainer.spec import JobSpec  # light (pydantic only), but keeps import time down
+
+    settings = settings or get_settings()
+    with session_scope() as s:
+        claim = jobs.claim(s, job_id, settings.worker_id, settings.lease_seconds)
+    if claim is None:
+        log.info("job %s is not claimable (duplicate or stale message); skipping", job_id)
+        return None
+    attempt = claim.attempt
+    log.info("claimed job %s attempt %s", job_id, attempt)
+    try:
+        spec = JobSpec.model_validate(claim.spec)
+    except Exception as exc:  # noqa: BLE001 - a stored spec that no longer validates
+        _finish(job_id, attempt, "failed", f"invalid spec: {exc}", traceback.format_exc())
+        return "failed"
+    state = StopState(max_wall_seconds=spec.limits.max_wall_seconds)
+    heartbeat = Heartbeat(job_id, attempt, settings, state)
+    heartbeat.start()
+    try:
+        return _train_and_record(job_id, attempt, claim.tenant_id, spec, settings, state)
+    finally:
+        heartbeat.stop()
+
+
+def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
+                      settings: Settings, state: StopState) -> str | None:
+    def on_fenced() -> None:
+        state.fenced = True
+
+    sink = DbSink(job_id, attempt, on_fenced=on_fenced)
+    try:
+        out_dir = Path(artifacts.job_dir(settings, job_id))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        train = resolve_entrypoint(settings.trainer_entrypoint)
+        train(spec, sink, state.should_stop, resume=_resume_dir(job_id),
+              out_dir=out_dir, dataset_path=_dataset_path(spec, tenant_id))
+    except Fenced:
+        state.fenced = True
+    except Exception as exc:  # noqa: BLE001 - any trainer error fails the job, not the worker
+        if state.fenced:
+            return None
+        log.exception("job %s failed", job_id)
+        message = f"{type(exc).__name__}: {exc}"
+        _finish(job_id, attempt, "failed", message, traceback.format_exc())
+        return "failed"
+    if state.fenced:
+        return None
+    if state.shutdown and not state.cancel_requested:
+        # Not an outcome of the job: leave it running; once the (no longer renewed) lease
+        # expires the reaper requeues it and the next attempt resumes from its checkpoint.
+        log.warning("job %s stopped for worker shutdown; the reaper will requeue it", job_id)
+        return None
+    if state.cancel_requested:
+        _finish(job_id, attempt, "cancelled")
+        return "cancelled"
+    if state.wall_exceeded:
+        _finish(job_id, attempt, "failed", WALL_LIMIT_ERROR)
+        return "failed"
+    _finish(job_id, attempt, "succeeded")
+    return "succeeded"
+
+
+def reap_and_requeue(enqueue: Callable[[str], None]) -> list[str]:
+    """Requeue (or fail, past max_attempts: the store decides) jobs whose lease expired."""
+    with session_scope() as s:
+        job_ids = list(jobs.reap_expired(s))
+    for job_id in job_ids:
+        log.warning("lease of job %s expired; requeueing", job_id)
+        enqueue(job_id)
+    return job_ids

@@ -1,0 +1,67 @@
+"""`DbSink`: the trainer's metrics sink that writes into the database.
+
+Each call opens its own short session and commits, so a long training run never holds a
+transaction (or an SQLite write lock) open between steps. Every write carries the attempt
+that claimed the job; once a newer attempt owns the job the store raises `Fenced`, the sink
+reports it through `on_fenced` and re-raises, and the exception unwinds the training loop:
+a worker that lost its lease must stop, not keep writing over its successor.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from store import jobs
+from store.db import session_scope
+from store.errors import Fenced
+from store.models import EventType
+
+log = logging.getLogger(__name__)
+_EVENT_TYPES = frozenset(t.value for t in EventType)
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    """Metric values as plain JSON numbers (trainers hand over numpy / torch scalars)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if hasattr(value, "item"):
+            value = value.item()
+        out[str(key)] = value
+    return out
+
+
+class DbSink:
+    """Implements `trainer.sink.MetricsSink` with fenced writes for one (job, attempt)."""
+
+    def __init__(self, job_id: str, attempt: int,
+                 on_fenced: Callable[[], None] | None = None,
+                 uri_for: Callable[[Path], str] | None = None) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self._on_fenced = on_fenced or (lambda: None)
+        self._uri_for = uri_for or (lambda path: str(Path(path).resolve()))
+
+    def _write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            with session_scope() as s:
+                return fn(s, self.job_id, *args, **kwargs)
+        except Fenced:
+            log.warning("job %s attempt %s was fenced off; stopping", self.job_id, self.attempt)
+            self._on_fenced()
+            raise
+
+    def metrics(self, step: int, values: dict[str, Any]) -> None:
+        self._write(jobs.record_metrics, self.attempt, int(step), _jsonable(values))
+
+    def event(self, type: str, data: dict[str, Any]) -> None:
+        if type not in _EVENT_TYPES:
+            # The events table holds a closed set of types (the API documents them); a
+            # trainer-only event is logged here rather than failing the whole run.
+            log.info("job %s: event %s %s (not stored: unknown type)", self.job_id, type, data)
+            return
+        self._write(jobs.add_event, type, _jsonable(data), attempt=self.attempt)
+
+    def checkpoint(self, step: int, path: Path, nbytes: int, sha256: str) -> None:
+        self._write(jobs.record_checkpoint, self.attempt, int(step), self._uri_for(Path(path)),
+                    int(nbytes), sha256)

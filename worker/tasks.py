@@ -1,0 +1,34 @@
+"""Celery tasks: thin wrappers over `worker.runner` (Celery's guide: logic outside the task).
+
+Both tasks take ids, never objects, and are idempotent: `brorl.run_job` claims with a
+compare-and-set, so a duplicate delivery does nothing; `brorl.reap` only touches jobs whose
+lease has already expired. Neither retries through Celery: the lease and the reaper are the
+retry mechanism, bounded by the job's `limits.max_attempts`.
+"""
+from __future__ import annotations
+
+from celery.signals import worker_shutting_down
+
+from worker import runner
+from worker.celery_app import REAP_TASK, RUN_JOB_TASK, app, enqueue_job
+
+
+# acks_late / reject_on_worker_lost repeat the app config on purpose: they are the reason a
+# crash mid-job leaves the message to be redelivered, so they stay visible next to the task.
+@app.task(name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def run_job(job_id: str) -> str | None:
+    return runner.run_job(job_id)
+
+
+@app.task(name=REAP_TASK, ignore_result=True)
+def reap() -> list[str]:
+    return runner.reap_and_requeue(enqueue_job)
+
+
+@worker_shutting_down.connect
+def _stop_running_job(**_: object) -> None:
+    # Fires in the worker's main process: with the solo pool (`brorl up`) that is where the
+    # job runs, so it stops at its next step. Prefork children keep going until Celery's
+    # warm shutdown finishes them or the stop grace period kills them; either way the lease
+    # and the reaper recover the job.
+    runner.request_shutdown()
