@@ -58,6 +58,7 @@ def simulate(
                                               "(default 1e-5).")] = None,
     dtype: Annotated[Str, Opt(help="float64 or float32 (default float64).")] = None,
     grad: Annotated[Str, Opt(help="analytic or autograd (default analytic).")] = None,
+    threads: Annotated[Int, Opt(help="torch intra-op threads (default 1).")] = None,
     logx: Annotated[bool, Opt(help="Log-scale step axis in the figure.")] = False,
 ) -> None:
     """Reproduce the paper's token-level simulation (Figure 3) and check Theorem 1."""
@@ -69,7 +70,7 @@ def simulate(
         "steps": steps, "beta1": beta1, "beta2": beta2, "eps": eps,
         "weight_decay": weight_decay, "seed": seed, "reward_correct": reward_correct,
         "reward_wrong": reward_wrong, "theorem_max_dz": theorem_max_dz, "dtype": dtype,
-        "grad": grad,
+        "grad": grad, "threads": threads,
         "ns": _parse_ints(ns) if ns else None,
         "theorem_steps": _parse_ints(theorem_steps) if theorem_steps else None,
     }
