@@ -1,0 +1,103 @@
+"""The whole loop on builtin:tiny with the HF engine: metrics, schedule, checkpoints, resume."""
+import json
+import math
+
+import pytest
+
+from trainer.checkpoint import CheckpointError, latest, verify
+from trainer.sink import ListSink
+from trainer.spec import JobSpec
+
+METRIC_NAMES = """step stage n prompts lr reward_mean reward_std pass_rate frac_all_correct
+frac_all_wrong keep_rate refill_rounds response_len_mean response_len_max truncated_frac loss
+pg_clipfrac_low pg_clipfrac_high kl entropy is_ratio_mean is_truncated_frac grad_norm
+weight_sync_s gen_s score_s train_s step_s samples_per_s tokens_per_s peak_mem_mb""".split()
+
+
+def tiny_spec(**over) -> JobSpec:
+    data = {
+        "name": "loop-test", "seed": 3,
+        "task": {"reasoning_gym": {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
+                                   "train_size": 400, "eval_size": 16}},
+        "rollout": {"engine": "hf", "max_new_tokens": 12,
+                    "schedule": [{"n": 8, "prompts_per_step": 4, "steps": 2}, {"n": 32, "prompts_per_step": 1, "steps": 2}]},
+        "optim": {"lr": 1e-4},
+        "algo": {"mini_batches": 2, "micro_batch_tokens": 256, "ref_reset_every": 3},
+        "eval": {"every": 2, "samples_per_prompt": 4, "k": [1, 4]},
+        "checkpoint": {"every": 2, "keep_last": 2},
+    }
+    data.update(over)
+    return JobSpec.model_validate(data)
+
+
+def run(spec, out, stop_after=None, resume=None):
+    from trainer import train
+
+    sink, calls = ListSink(), {"n": 0}
+
+    def should_stop():
+        calls["n"] += 1
+        return stop_after is not None and calls["n"] > stop_after
+
+    result = train(spec, sink, should_stop, resume=resume, out_dir=out)
+    return sink, result
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    sink, result = run(tiny_spec(), out)
+    return out, sink, result
+
+
+def test_metrics_schedule_and_events(full_run):
+    out, sink, result = full_run
+    assert result.steps_completed == 4 and not result.stopped
+    rows = {r["step"]: r for r in sink.steps}
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    for s in (1, 2, 3, 4):
+        missing = [k for k in METRIC_NAMES if k not in rows[s]]
+        assert not missing, missing
+    assert [rows[s]["n"] for s in (1, 2, 3, 4)] == [8, 8, 32, 32]
+    # sqrt rule: stage 2 has 32 samples/step like stage 1 (8 x 4), so the same lr
+    assert rows[3]["lr"] == pytest.approx(rows[1]["lr"])
+    for s in (0, 2, 4):
+        assert 0.0 <= rows[s]["eval/pass@1"] <= rows[s]["eval/pass@4"] <= 1.0
+    types = [t for t, _ in sink.events]
+    assert types.count("stage_started") == 2 and types.count("eval") == 3
+    assert [c[0] for c in sink.checkpoints] == [2, 4]
+
+
+def test_checkpoint_is_hf_folder_and_verified(full_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, sink, _ = full_run
+    ckpt = latest(out)
+    assert ckpt.name == "step-00000004"
+    assert len(list((out / "checkpoints").glob("step-*"))) == 2   # keep_last
+    verify(ckpt)
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    assert model.config.num_hidden_layers == 4 and tok.eos_token_id is not None
+    # a corrupted file is detected
+    (ckpt / "config.json").write_text(json.dumps({"broken": True}))
+    with pytest.raises(CheckpointError):
+        verify(ckpt)
+
+
+def test_resume_equals_uninterrupted(full_run, tmp_path):
+    _, full_sink, _ = full_run
+    spec = tiny_spec()
+    first, r1 = run(spec, tmp_path, stop_after=2)
+    assert r1.stopped and r1.steps_completed == 2
+    second, r2 = run(spec, tmp_path, resume=latest(tmp_path))
+    assert r2.steps_completed == 4
+    full = {r["step"]: r for r in full_sink.steps}
+    resumed = {r["step"]: r for r in first.steps + second.steps}
+    for s in (1, 2, 3, 4):
+        for k in ("reward_mean", "pass_rate", "loss", "kl", "grad_norm", "lr", "response_len_mean"):
+            a, b = full[s][k], resumed[s][k]
+            if a is None or b is None:
+                assert a is b, (s, k)
+            else:
+                assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), (s, k, a, b)

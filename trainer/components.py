@@ -1,0 +1,129 @@
+"""Everything one training run holds, built once from the spec (and a checkpoint to resume).
+
+`build_run` resolves the model (an HF folder, a hub id, or `builtin:tiny`), loads policy and
+reference, creates the optimizer, the rollout engine, the scorer and the prompt stream, and
+restores the trainer state when resuming. `trainer.loop.train` then only runs steps.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainer import checkpoint
+from trainer.data import PromptStream
+from trainer.engines import make_engine
+from trainer.models import load_policy, resolve_device
+from trainer.policy import auto_micro_batch_tokens
+from trainer.schedule import StagePlan, plan
+from trainer.spec import JobSpec
+from trainer.tasks import build_task
+from trainer.tasks.base import Task
+from trainer.tasks.prompts import render_prompt, target_completion
+from trainer.tasks.scoring import Scorer
+
+TINY = "builtin:tiny"
+
+
+@dataclass
+class Run:
+    spec: JobSpec
+    out_dir: Path
+    device: torch.device
+    task: Task
+    model_dir: Path
+    tokenizer: object
+    policy: torch.nn.Module
+    ref: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    engine: object
+    scorer: Scorer
+    stream: PromptStream
+    plans: list[StagePlan]
+    state: checkpoint.TrainerState
+    train_ids: list[list[int]]     # tokenised prompt of each training example
+    eval_ids: list[list[int]]
+    micro_batch_tokens: int
+
+    def close(self) -> None:
+        self.scorer.close()
+        self.engine.close()
+
+
+def spec_sha256(spec: JobSpec) -> str:
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BRORL_CACHE_DIR", Path.home() / ".cache" / "brorl"))
+
+
+def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer) -> Path:
+    """Build (or reuse) the built-in tiny model, warm-started on this task's training split."""
+    from trainer.tiny_model import ensure_tiny_model
+
+    key_src = {"task": spec.task.model_dump(mode="json"), "seed": spec.seed, "v": 1}
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
+    template = spec.task.prompt_template
+    pairs = [(render_prompt(ex.question, template), target_completion(ex.answer)) for ex in task.train]
+    probe = task.eval[:64]
+    probe_prompts = [render_prompt(ex.question, template) for ex in probe]
+    by_prompt = dict(zip(probe_prompts, probe))
+
+    def score_fn(prompts: list[str], completions: list[str]) -> list[bool]:
+        exs = [by_prompt[p] for p in prompts]
+        return scorer.score(completions, exs, [False] * len(exs)).correct
+
+    return ensure_tiny_model(cache_dir() / "models", key, seed=spec.seed, sft_pairs=pairs,
+                             score_fn=score_fn, eval_prompts=probe_prompts)
+
+
+def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
+    # A chat template already adds the special tokens it wants.
+    special = not getattr(tokenizer, "chat_template", None)
+    return [tokenizer(t, add_special_tokens=special)["input_ids"] for t in texts]
+
+
+def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None) -> Run:
+    torch.manual_seed(spec.seed)
+    device = resolve_device()
+    task = build_task(spec.task, spec.seed, dataset_path)
+    scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
+    model_dir = _tiny_model_dir(spec, task, scorer) if spec.model.path == TINY else Path(spec.model.path)
+    source = Path(resume) if resume else model_dir
+    policy, tokenizer = load_policy(source, spec.model.dtype, device)
+    ref = None
+    if spec.algo.kl_coef > 0:
+        ref = copy.deepcopy(policy).eval().requires_grad_(False)
+    plans = plan(spec)
+    o = spec.optim
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=plans[0].lr, betas=o.betas,
+                                  weight_decay=o.weight_decay)
+    state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
+                                    spec_sha256=spec_sha256(spec))
+    if resume:
+        state = checkpoint.load_state(Path(resume), optimizer, ref)
+        if ref is not None and not (Path(resume) / "trainer_state" / "ref.safetensors").is_file():
+            ref.load_state_dict(policy.state_dict())  # reference == policy at that step
+
+    template = spec.task.prompt_template
+    train_ids = _encode(tokenizer, [render_prompt(ex.question, template, tokenizer) for ex in task.train])
+    eval_ids = _encode(tokenizer, [render_prompt(ex.question, template, tokenizer) for ex in task.eval])
+    max_prompt = max(len(p) for p in train_ids + eval_ids)
+    max_len = max_prompt + spec.rollout.max_new_tokens
+    widest = max(p.samples_per_step for p in plans)
+    engine = make_engine(spec.rollout.engine, source, policy, tokenizer, dtype=spec.model.dtype,
+                         seed=spec.seed, max_model_len=max_len,
+                         max_num_seqs=max(widest, len(eval_ids) * spec.eval.samples_per_prompt))
+    mbt = spec.algo.micro_batch_tokens
+    micro = auto_micro_batch_tokens(policy, max_len) if mbt == "auto" else int(mbt)
+    return Run(spec=spec, out_dir=Path(out_dir), device=device, task=task, model_dir=model_dir,
+               tokenizer=tokenizer, policy=policy, ref=ref, optimizer=optimizer, engine=engine,
+               scorer=scorer, stream=PromptStream(range(len(task.train)), spec.seed, state.data_cursor),
+               plans=plans, state=state, train_ids=train_ids, eval_ids=eval_ids,
+               micro_batch_tokens=micro)

@@ -1,0 +1,102 @@
+"""`train(spec, sink, should_stop, resume=None)`: the BroRL loop, top to bottom.
+
+Each step: maybe evaluate -> pick prompts -> generate N rollouts per prompt -> score ->
+advantages -> filter (refill) -> PPO mini-batches (micro-batched backward) -> optimizer step
+-> sync weights into the rollout engine -> log -> maybe checkpoint -> maybe reset reference.
+The step itself lives in `trainer.step`; building the run in `trainer.components`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from trainer import checkpoint
+from trainer.components import Run, build_run
+from trainer.data import mix_seed
+from trainer.evaluate import EvalContext, evaluate
+from trainer.schedule import stage_for_step
+from trainer.sink import MetricsSink
+from trainer.spec import JobSpec
+from trainer.step import run_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    steps_completed: int
+    stopped: bool                       # should_stop() ended the run early
+    last_eval: dict[str, float] | None
+    last_checkpoint: Path | None
+
+
+def _due(every: int, step: int) -> bool:
+    return every > 0 and step % every == 0
+
+
+def _evaluate(run: Run, sink: MetricsSink, step: int) -> dict[str, float]:
+    ctx = EvalContext(run.engine, run.tokenizer, run.scorer, run.task.eval, run.eval_ids)
+    values = evaluate(ctx, run.spec, seed=mix_seed(run.spec.seed, 104729))  # same draws each time
+    sink.event("eval", {"step": step, **values})
+    return values
+
+
+def _checkpoint(run: Run, sink: MetricsSink, step: int) -> Path:
+    run.state.step = step
+    run.state.data_cursor = run.stream.cursor
+    saved = checkpoint.save(run.out_dir, run.state, run.policy, run.tokenizer, run.optimizer,
+                            run.ref, run.spec.checkpoint.keep_last)
+    sink.checkpoint(step, saved.path, saved.nbytes, saved.sha256)
+    return saved.path
+
+
+def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], resume: Path | None = None,
+          *, out_dir: Path, dataset_path: Path | None = None,
+          on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
+    """Run `spec` to the end of its schedule (or until `should_stop()`); see module docstring.
+
+    Steps are counted from 1: metrics row `s` describes the s-th update; checkpoint `s` holds the
+    weights after it. `resume` is a checkpoint folder of the same spec. `on_step` is an optional
+    progress callback (the CLI's progress bar).
+    """
+    run = build_run(spec, Path(out_dir), resume, dataset_path)
+    total, start = spec.total_steps, run.state.step
+    last_eval, last_ckpt, stopped = None, None, False
+    try:
+        if start == 0:
+            last_eval = _evaluate(run, sink, 0)
+            sink.metrics(0, {**last_eval, "stage": 0, "n": run.plans[0].n})
+        for step in range(start + 1, total + 1):
+            if should_stop():
+                stopped = True
+                break
+            plan = stage_for_step(run.plans, step - 1)
+            if step - 1 == plan.first_step or step == start + 1:
+                sink.event("stage_started", {"step": step, **dataclasses.asdict(plan)})
+            run.state.stage = plan.index
+            values = run_step(run, plan, step - 1)
+            if _due(spec.eval.every, step) or step == total:
+                last_eval = _evaluate(run, sink, step)
+                values.update(last_eval)
+            sink.metrics(step, values)
+            if on_step:
+                on_step(step, values)
+            # Reset the reference before checkpointing so that a checkpoint holds the state after
+            # the whole step (a resume then never has to replay the reset).
+            if run.ref is not None and _due(spec.algo.ref_reset_every or 0, step):
+                run.ref.load_state_dict(run.policy.state_dict())
+                run.state.ref_step = step
+            if _due(spec.checkpoint.every, step) or step == total:
+                last_ckpt = _checkpoint(run, sink, step)
+        else:
+            step = total
+        if stopped and step - 1 > start and not _due(spec.checkpoint.every, step - 1):
+            # keep the work done before the stop
+            last_ckpt = _checkpoint(run, sink, step - 1)
+    finally:
+        run.close()
+    done = step - 1 if stopped else total
+    return TrainResult(steps_completed=done, stopped=stopped, last_eval=last_eval, last_checkpoint=last_ckpt)
