@@ -289,19 +289,23 @@ def record_checkpoint(
 
 
 def finish(
-    s: Session, job_id: str, attempt: int, status: JobStatus | str, error: str | None = None
+    s: Session, job_id: str, attempt: int, status: JobStatus | str, error: str | None = None,
+    data: dict[str, Any] | None = None,
 ) -> None:
-    """End the attempt with succeeded | failed | cancelled, log it and drop the lease."""
+    """End the attempt with succeeded | failed | cancelled, log it and drop the lease.
+
+    `data` is merged into the terminal event (the runner puts a failure's traceback there).
+    """
     status = JobStatus(status)
     if status not in TERMINAL_STATUSES:
         raise ValueError(f"finish() needs a final status, got {status.value}")
     now = utcnow()
     _fenced_update(s, job_id, attempt, status=status, error=error, finished_at=now,
                    lease_owner=None, lease_expires_at=None)
-    data: dict[str, Any] = {"attempt": attempt}
+    payload: dict[str, Any] = {**(data or {}), "attempt": attempt}
     if error is not None:
-        data["error"] = error
-    _event(s, job_id, EventType(status.value), **data)
+        payload["error"] = error
+    _event(s, job_id, EventType(status.value), **payload)
 
 
 def _max_attempts(spec: dict[str, Any]) -> int:

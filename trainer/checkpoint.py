@@ -109,6 +109,8 @@ def save(out_dir: Path, state: TrainerState, policy, tokenizer, optimizer, ref_m
 def prune(root: Path, keep_last: int) -> None:
     for old in list_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
+        for cached in root.glob(old.name + ".tar.gz*"):  # download archives the API cached
+            cached.unlink(missing_ok=True)
     for stale in root.glob(".tmp-*"):  # left by a crash mid-save
         shutil.rmtree(stale, ignore_errors=True)
 

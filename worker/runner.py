@@ -146,10 +146,8 @@ def _finish(job_id: str, attempt: int, status: str, error: str | None = None,
     """Record the outcome; a `Fenced` here means someone else owns the job now: say nothing."""
     try:
         with session_scope() as s:
-            if tb is not None:
-                jobs.add_event(s, job_id, "failed", {"error": error, "traceback": tb},
-                               attempt=attempt)
-            jobs.finish(s, job_id, attempt, status, error=error)
+            jobs.finish(s, job_id, attempt, status, error=error,
+                        data={"traceback": tb} if tb is not None else None)
     except Fenced:
         log.warning("job %s attempt %s fenced before finishing as %s", job_id, attempt, status)
 

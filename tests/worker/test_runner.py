@@ -84,8 +84,8 @@ def test_trainer_exception_fails_with_traceback(new_job):
     assert job.status == JobStatus.failed
     assert "fake trainer failure" in job.error and "RuntimeError" in job.error
     failed = [d for t, d in events(job_id) if t == "failed"]
-    assert any("Traceback" in d.get("traceback", "") and "fake_trainer.py" in d["traceback"]
-               for d in failed)
+    assert len(failed) == 1  # one terminal event, carrying the traceback
+    assert "Traceback" in failed[0]["traceback"] and "fake_trainer.py" in failed[0]["traceback"]
 
 
 def test_bad_entrypoint_fails_the_job_not_the_worker(new_job, monkeypatch):
