@@ -314,6 +314,18 @@ def _max_attempts(spec: dict[str, Any]) -> int:
     return int(value) if value else DEFAULT_MAX_ATTEMPTS
 
 
+def stale_queued(s: Session, older_than_seconds: float, now: datetime | None = None) -> list[str]:
+    """Queued jobs untouched for `older_than_seconds`; their updated_at is bumped so that each
+    is returned once per period. The caller commits, then enqueues them again."""
+    now = now or utcnow()
+    cutoff = now - timedelta(seconds=older_than_seconds)
+    rows = s.execute(
+        update(Job).where(Job.status == JobStatus.queued, Job.updated_at < cutoff)
+        .values(updated_at=now).returning(Job.id)
+    ).scalars().all()
+    return sorted(rows)
+
+
 def reap_expired(s: Session, now: datetime | None = None) -> list[str]:
     """Recover running jobs whose lease ran out (their worker died or hung).
 

@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     lease_seconds: int = 120
     heartbeat_seconds: float = 20
     reaper_interval_seconds: float = 30
+    # A queued job nobody claimed for this long is enqueued again by the reaper: this recovers
+    # an enqueue that failed after the commit (broker down) or a message the broker lost. A
+    # duplicate message is harmless (the claim is a compare-and-set), so the cost of a long
+    # backlog is one extra no-op message per job per period.
+    requeue_queued_after_seconds: float = 900
     # Deliberately far larger than the lease: with acks_late a message of a long job is
     # unacknowledged for the whole run, and if the broker redelivered it while the job still
     # held a live lease a second worker would see it. The claim CAS would refuse that copy,

@@ -217,10 +217,17 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
 
 
 def reap_and_requeue(enqueue: Callable[[str], None]) -> list[str]:
-    """Requeue (or fail, past max_attempts: the store decides) jobs whose lease expired."""
+    """Requeue (or fail, past max_attempts: the store decides) jobs whose lease expired, and
+    enqueue again queued jobs nobody claimed for `requeue_queued_after_seconds`."""
+    settings = get_settings()
     with session_scope() as s:
         job_ids = list(jobs.reap_expired(s))
+        stale = jobs.stale_queued(s, settings.requeue_queued_after_seconds)
     for job_id in job_ids:
         log.warning("lease of job %s expired; requeueing", job_id)
         enqueue(job_id)
-    return job_ids
+    for job_id in stale:
+        log.warning("job %s queued for over %ss without a claim; enqueueing again",
+                    job_id, settings.requeue_queued_after_seconds)
+        enqueue(job_id)
+    return job_ids + stale

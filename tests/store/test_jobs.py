@@ -236,6 +236,18 @@ def test_reaper_requeues_then_gives_up(session: Session, tenant: Tenant) -> None
         EventType.failed]
 
 
+def test_stale_queued_jobs_are_returned_once_per_period(session: Session, tenant: Tenant) -> None:
+    queued, running = make_job(session, tenant), make_job(session, tenant)
+    _claim(session, running.id)
+    session.commit()
+    assert jobs.stale_queued(session, 60) == []                      # too recent
+    later = utcnow() + timedelta(seconds=120)
+    assert jobs.stale_queued(session, 60, now=later) == [queued.id]   # running job untouched
+    session.commit()
+    assert jobs.stale_queued(session, 60, now=later + timedelta(seconds=30)) == []
+    assert jobs.stale_queued(session, 60, now=later + timedelta(seconds=90)) == [queued.id]
+
+
 def test_reaper_cancels_expired_job_with_cancel_requested(
     session: Session, tenant: Tenant
 ) -> None:
