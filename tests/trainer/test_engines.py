@@ -1,0 +1,189 @@
+"""Rollout engines: the shape contract, log-prob agreement with the trainer, verified weight sync.
+
+One vLLM engine serves the whole module (construction takes seconds); the tests that perturb
+weights perturb a private copy of the trainer model and sync it, so their order does not
+matter. Everything runs on the untrained builtin model (float32, CPU).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from trainer.engines.base import WeightSyncError, trainer_token_logprobs
+from trainer.engines.hf_engine import HFEngine
+from trainer.rollouts import SamplingConfig
+from trainer.tiny_model import VOCAB, build_untrained, encode, save_folder
+
+EOS = VOCAB["<eos>"]
+PROMPTS = [encode("State the answer: 1 + 2 =\n"), encode("hi"), encode("7 - 9 =\n")]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(trainer model, folder holding its weights)."""
+    model, tok = build_untrained(seed=3, max_position_embeddings=512)
+    folder = save_folder(model, tok, tmp_path_factory.mktemp("tiny"))
+    return model, folder
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny):
+    pytest.importorskip("vllm")
+    from trainer.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(tiny[1], dtype="float32", seed=0, max_model_len=256, max_num_seqs=64)
+    yield engine
+    engine.close()
+
+
+def perturbed(model: torch.nn.Module, seed: int, scale: float = 0.02) -> torch.nn.Module:
+    """A copy of `model` after a training-like update (small noise on every weight)."""
+    other = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return other
+
+
+def teacher_forced(model, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
+    """Trainer-side log-probs of `response` after `prompt`, under softmax(logits / T)."""
+    with torch.no_grad():
+        x = torch.tensor([prompt + response])
+        logits = model.eval()(input_ids=x).logits[0, len(prompt) - 1:-1].float() / temperature
+        lp = torch.log_softmax(logits, -1)
+        return lp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+def check_shape(gen, n: int, max_new: int) -> None:
+    assert gen.prompt_index == [p for p in range(len(PROMPTS)) for _ in range(n)]
+    assert len(gen.token_ids) == len(gen.logprobs) == len(gen.finished) == len(PROMPTS) * n
+    for ids, lps, fin in zip(gen.token_ids, gen.logprobs, gen.finished):
+        assert len(ids) == len(lps) and 1 <= len(ids) <= max_new
+        assert all(lp <= 0 for lp in lps)
+        # EOS ends a finished response and appears nowhere else; unfinished ones hit the cap.
+        assert fin == (ids[-1] == EOS)
+        assert EOS not in ids[:-1]
+        if not fin:
+            assert len(ids) == max_new
+
+
+# --------------------------------------------------------------------------- vLLM
+
+
+@pytest.mark.slow
+def test_vllm_sync_then_greedy_matches_hf(tiny, vllm_engine):
+    model = perturbed(tiny[0], seed=1)
+    assert vllm_engine.sync_weights(model) >= 0
+    sampling = SamplingConfig(n=1, max_new_tokens=12, temperature=0.0)
+    got = vllm_engine.generate(PROMPTS, sampling, ignore_eos=True)
+    want = HFEngine(model, EOS).generate(PROMPTS, sampling, ignore_eos=True)
+    assert got.token_ids == want.token_ids
+
+
+@pytest.mark.slow
+def test_vllm_sampled_logprobs_match_trainer(tiny, vllm_engine):
+    model = perturbed(tiny[0], seed=2)
+    vllm_engine.sync_weights(model)
+    for temperature in (1.0, 0.7):
+        gen = vllm_engine.generate(PROMPTS, SamplingConfig(n=4, max_new_tokens=10,
+                                                           temperature=temperature, seed=5))
+        for p, ids, lps in zip(gen.prompt_index, gen.token_ids, gen.logprobs):
+            ref = teacher_forced(model, PROMPTS[p], ids, temperature)
+            assert torch.allclose(torch.tensor(lps), ref, atol=1e-3), (temperature, lps, ref)
+
+
+@pytest.mark.slow
+def test_vllm_skipped_sync_is_detected(tiny, vllm_engine):
+    synced = perturbed(tiny[0], seed=3)
+    vllm_engine.sync_weights(synced)
+    assert vllm_engine.verify(synced) < 1e-3
+    # The trainer takes another step but the load is skipped: verification must refuse.
+    stale = perturbed(synced, seed=4, scale=0.01)
+    with pytest.raises(WeightSyncError):
+        vllm_engine.verify(stale)
+    vllm_engine.sync_weights(stale)  # and a real sync repairs it
+
+
+@pytest.mark.slow
+def test_vllm_shape_contract_and_eos(tiny, vllm_engine):
+    # Raising EOS's output row makes both outcomes (stopped at EOS, cut at the cap) appear.
+    model = perturbed(tiny[0], seed=6)
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.5 * model.model.embed_tokens.weight.mean(0)
+    vllm_engine.sync_weights(model)
+    gen = vllm_engine.generate(PROMPTS, SamplingConfig(n=5, max_new_tokens=6, seed=1))
+    check_shape(gen, 5, 6)
+    assert any(gen.finished) and not all(gen.finished)
+    # ignore_eos (benchmarks) gives full-length responses
+    gen = vllm_engine.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=6), ignore_eos=True)
+    assert all(len(t) == 6 and not f for t, f in zip(gen.token_ids, gen.finished))
+
+
+@pytest.mark.slow
+def test_vllm_samples_differ_within_group(tiny, vllm_engine):
+    vllm_engine.sync_weights(tiny[0])
+    gen = vllm_engine.generate(PROMPTS[:1], SamplingConfig(n=8, max_new_tokens=8, seed=2),
+                               ignore_eos=True)
+    assert len({tuple(t) for t in gen.token_ids}) > 1
+
+
+# --------------------------------------------------------------------------- HF
+
+
+def test_hf_shape_contract_and_logprobs(tiny):
+    model = tiny[0]
+    engine = HFEngine(model, EOS, max_batch_tokens=64)  # forces chunking and group splits
+    for temperature, top_p in ((1.0, 1.0), (0.7, 0.9)):
+        gen = engine.generate(PROMPTS, SamplingConfig(n=5, max_new_tokens=7, temperature=temperature,
+                                                      top_p=top_p, seed=4))
+        check_shape(gen, 5, 7)
+        for p, ids, lps in zip(gen.prompt_index, gen.token_ids, gen.logprobs):
+            ref = teacher_forced(model, PROMPTS[p], ids, temperature)
+            assert torch.allclose(torch.tensor(lps), ref, atol=1e-4)
+
+
+def test_hf_eos_and_determinism(tiny):
+    engine = HFEngine(tiny[0], EOS)
+    a = engine.generate(PROMPTS, SamplingConfig(n=16, max_new_tokens=40, seed=9))
+    b = engine.generate(PROMPTS, SamplingConfig(n=16, max_new_tokens=40, seed=9))
+    assert a.token_ids == b.token_ids
+    check_shape(a, 16, 40)
+    assert any(a.finished)  # 100 tokens, 40 draws: some samples hit EOS
+
+
+def test_hf_left_padding_does_not_change_results(tiny):
+    """A prompt's greedy continuation is the same alone and batched with longer prompts."""
+    engine = HFEngine(tiny[0], EOS)
+    greedy = SamplingConfig(n=2, max_new_tokens=8, temperature=0.0)
+    together = engine.generate(PROMPTS, greedy, ignore_eos=True)
+    alone = engine.generate(PROMPTS[1:2], greedy, ignore_eos=True)
+    assert together.token_ids[2:4] == alone.token_ids
+    assert torch.allclose(torch.tensor(together.logprobs[2]), torch.tensor(alone.logprobs[0]), atol=1e-5)
+
+
+def test_hf_sync_is_noop_for_same_model_and_copies_otherwise(tiny):
+    model = tiny[0]
+    engine = HFEngine(copy.deepcopy(model), EOS)
+    assert HFEngine(model, EOS).sync_weights(model) == 0.0
+    other = perturbed(model, seed=8)
+    engine.sync_weights(other)
+    ids = PROMPTS[0]
+    assert torch.equal(trainer_token_logprobs(engine.model, ids), trainer_token_logprobs(other, ids))
+
+
+def test_make_engine_builds_hf_and_refuses_unknown(tiny):
+    from trainer.engines import RolloutEngine, make_engine
+
+    from trainer.models import load_policy
+
+    model, tok = load_policy(tiny[1], "auto", "cpu")
+    engine = make_engine("hf", tiny[1], model, tok, dtype="auto", seed=0, max_model_len=256,
+                         max_num_seqs=8)
+    assert isinstance(engine, RolloutEngine) and engine.name == "hf"
+    assert engine.sync_weights(model) == 0.0
+    with pytest.raises(ValueError, match="unknown rollout engine"):
+        make_engine("tgi", tiny[1], model, tok, dtype="auto", seed=0, max_model_len=256,
+                    max_num_seqs=8)

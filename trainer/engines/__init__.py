@@ -1,0 +1,44 @@
+"""Rollout engines: vLLM (in-process, production) and plain transformers (no vLLM needed).
+
+Both satisfy `RolloutEngine` (engines/base.py). `make_engine` builds one from the spec's
+`rollout.engine`; the vLLM module is imported only when asked for, so machines without vLLM
+can still use the HF engine.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from trainer.engines.base import RolloutEngine, WeightSyncError
+
+__all__ = ["RolloutEngine", "WeightSyncError", "make_engine"]
+
+
+def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *,
+                dtype: str, seed: int, max_model_len: int, max_num_seqs: int,
+                kv_cache_gib: float | None = None) -> RolloutEngine:
+    """An engine of `kind` ("vllm" | "hf") holding the weights of `model` (saved in `model_dir`).
+
+    `dtype` may be "auto" (resolved like the trainer's: bf16 on CUDA, float32 on CPU); it must
+    be the trainer's dtype for the vLLM sync check to be meaningful. `max_num_seqs` is the
+    step's concurrency (see `vllm_engine.size_max_num_seqs`); the HF engine ignores it and
+    bounds memory by tokens per chunk instead. The vLLM engine is verified against `model`
+    right away, so a folder that does not hold `model`'s weights fails here, not mid-run.
+    """
+    from trainer.models import resolve_dtype
+
+    device = next(model.parameters()).device
+    dtype = resolve_dtype(dtype, device)
+    if kind == "hf":
+        from trainer.engines.hf_engine import HFEngine
+
+        return HFEngine(model, tokenizer, seed=seed)
+    if kind == "vllm":
+        from trainer.engines.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine(model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                            max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib)
+        engine.verify(model)
+        return engine
+    raise ValueError(f"unknown rollout engine {kind!r} (expected 'vllm' or 'hf')")

@@ -1,0 +1,167 @@
+"""Rollouts with plain transformers: a hand-written sampling loop over the trainer's own model.
+
+Why not `model.generate`: it would keep the logits of every step to report log-probs (at a
+150k vocabulary and N = 512 that is gigabytes), and it re-runs the prompt for each of the n
+samples. This loop (1) prefills each unique prompt once and copies its KV cache n times,
+(2) reduces every step's logits to the sampled token's log-prob immediately, and (3) works in
+chunks of at most `max_batch_tokens` (rows x sequence length), so memory stays bounded at
+N = 512 whatever the step shape. Prompts of different lengths in one chunk are left-padded,
+with explicit position ids so padding does not shift positions.
+
+The engine uses the trainer's model object itself, so `sync_weights` has nothing to load and
+nothing can be stale: it returns 0.0 at once. (Given a different module it copies the
+state dict and checks the copy tensor by tensor.)
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from trainer.engines.base import WeightSyncError
+from trainer.rollouts import Generation, SamplingConfig
+
+
+class HFEngine:
+    name = "hf"
+
+    def __init__(self, model: torch.nn.Module, tokenizer_or_eos_id, *, seed: int = 0,
+                 max_batch_tokens: int = 131_072, pad_id: int | None = None):
+        self.model = model
+        if isinstance(tokenizer_or_eos_id, int):
+            self.eos_id = tokenizer_or_eos_id
+        else:
+            self.eos_id = tokenizer_or_eos_id.eos_token_id
+            if pad_id is None:
+                pad_id = tokenizer_or_eos_id.pad_token_id
+        # Pad positions are masked out, so any valid id works as filler.
+        self.pad_id = self.eos_id if pad_id is None else pad_id
+        self.seed = seed
+        self.max_batch_tokens = max_batch_tokens
+
+    # ------------------------------------------------------------------ interface
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, *,
+                 ignore_eos: bool = False) -> Generation:
+        """P prompts x `sampling.n` samples, prompt-major (see engines/base.py for the contract)."""
+        device = next(self.model.parameters()).device
+        gen = torch.Generator(device=device).manual_seed(sampling.seed)
+        out = Generation(prompt_index=[], token_ids=[], logprobs=[], finished=[])
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for chunk in self._chunks(prompts, sampling):
+                ids, lps, fin = self._generate_chunk(
+                    [prompts[p] for p, _ in chunk], [c for _, c in chunk], sampling, gen, ignore_eos)
+                for (p, count) in chunk:
+                    out.prompt_index.extend([p] * count)
+                out.token_ids.extend(ids)
+                out.logprobs.extend(lps)
+                out.finished.extend(fin)
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def sync_weights(self, model: torch.nn.Module) -> float:
+        if model is self.model:
+            return 0.0
+        t0 = time.perf_counter()
+        src = model.state_dict()
+        self.model.load_state_dict(src)
+        dst = self.model.state_dict()
+        for k, v in src.items():
+            if not torch.equal(dst[k].to(v.device, v.dtype), v):
+                raise WeightSyncError(f"HF engine copy of {k} differs from the trainer's")
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.model = None
+
+    # ------------------------------------------------------------------ internals
+
+    def _chunks(self, prompts: list[list[int]], sampling: SamplingConfig):
+        """Lists of (prompt index, sample count) whose rows fit `max_batch_tokens`.
+
+        Rows of one prompt stay contiguous and in order, so concatenating the chunks keeps the
+        prompt-major layout; a prompt whose n samples alone exceed the budget is split.
+        """
+        width = max(map(len, prompts)) + sampling.max_new_tokens
+        max_rows = max(1, self.max_batch_tokens // width)
+        chunk, rows = [], 0
+        for p in range(len(prompts)):
+            left = sampling.n
+            while left:
+                take = min(left, max_rows - rows)
+                chunk.append((p, take))
+                rows += take
+                left -= take
+                if rows == max_rows:
+                    yield chunk
+                    chunk, rows = [], 0
+        if chunk:
+            yield chunk
+
+    @torch.inference_mode()
+    def _generate_chunk(self, prompts, counts, sampling, gen, ignore_eos):
+        device = next(self.model.parameters()).device
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, device=device)
+            mask[i, width - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        # Prefill the unique prompts once, then replicate their cache rows per sample.
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        rep = torch.repeat_interleave(torch.arange(len(prompts), device=device),
+                                      torch.tensor(counts, device=device))
+        cache = out.past_key_values
+        cache.batch_select_indices(rep)
+        logits, mask, pos = out.logits[rep, -1], mask[rep], pos[rep, -1]
+        rows = len(rep)
+        toks = torch.empty((rows, sampling.max_new_tokens), dtype=torch.long, device=device)
+        lps = torch.zeros((rows, sampling.max_new_tokens), dtype=torch.float32, device=device)
+        done = torch.zeros(rows, dtype=torch.bool, device=device)
+        length = torch.full((rows,), sampling.max_new_tokens, dtype=torch.long, device=device)
+        for t in range(sampling.max_new_tokens):
+            tok, lp = _sample(logits.float(), sampling, gen)
+            toks[:, t], lps[:, t] = tok, lp
+            if not ignore_eos:
+                hit = (tok == self.eos_id) & ~done
+                length[hit] = t + 1
+                done |= hit
+                if bool(done.all()):
+                    break
+            if t + 1 == sampling.max_new_tokens:
+                break
+            mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=device)], -1)
+            pos = pos + 1
+            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos[:, None],
+                             past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1]
+        length, toks, lps = length.tolist(), toks.tolist(), lps.tolist()
+        return ([toks[i][:n] for i, n in enumerate(length)],
+                [lps[i][:n] for i, n in enumerate(length)],
+                done.tolist())
+
+
+def _sample(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator):
+    """(token, log-prob under softmax(logits / T) over the full vocabulary) per row.
+
+    top-p only restricts which tokens can be drawn; the reported log-prob is deliberately not
+    renormalised over the nucleus (engines/base.py). temperature 0 = greedy, raw-logit log-prob.
+    """
+    if sampling.temperature == 0:
+        lp = torch.log_softmax(logits, -1)
+        tok = lp.argmax(-1)
+        return tok, lp.gather(-1, tok[:, None]).squeeze(-1)
+    lp = torch.log_softmax(logits / sampling.temperature, -1)
+    probs = lp.exp()
+    if sampling.top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        drop = sorted_p.cumsum(-1) - sorted_p >= sampling.top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+    return tok, lp.gather(-1, tok[:, None]).squeeze(-1)
