@@ -66,6 +66,10 @@ class ReasoningGymTask(_Frozen):
     config: dict[str, Any] = Field(default_factory=dict, description="The task's config fields.")
     train_size: int = Field(10_000, ge=1, le=10_000_000)
     eval_size: int = Field(200, ge=1, le=100_000)
+    eval_disjoint: bool = Field(
+        True, description="Drop eval questions that also occur in the training split. A closed "
+        "task space (e.g. one-digit sums) has few unseen questions: false samples eval from the "
+        "same generator with another seed, overlaps allowed.")
 
     @field_validator("name")
     @classmethod

@@ -61,12 +61,17 @@ def _move_from_train(train: list[dict], eval_: list[dict], wanted: int) -> tuple
 
 
 def build(spec: ReasoningGymTask, seed: int) -> Task:
-    """The task's train split (seed) and disjoint eval split (seed + EVAL_SEED_OFFSET)."""
+    """The task's train split (seed) and eval split (seed + EVAL_SEED_OFFSET), disjoint in
+    questions unless `spec.eval_disjoint` is false (then simply the eval seed's first items)."""
     dataset = _dataset(spec.name, spec.config, seed, spec.train_size)
     train = [dataset[i] for i in range(spec.train_size)]
-    eval_ = _eval_entries(spec, seed, {e["question"] for e in train})
-    if len(eval_) < spec.eval_size:
-        train, eval_ = _move_from_train(train, eval_, spec.eval_size)
+    if spec.eval_disjoint:
+        eval_ = _eval_entries(spec, seed, {e["question"] for e in train})
+        if len(eval_) < spec.eval_size:
+            train, eval_ = _move_from_train(train, eval_, spec.eval_size)
+    else:
+        eval_set = _dataset(spec.name, spec.config, seed + EVAL_SEED_OFFSET, spec.eval_size)
+        eval_ = [eval_set[i] for i in range(spec.eval_size)]
     if not train or not eval_:
         raise ValueError(
             f"reasoning-gym task {spec.name} with config {spec.config} has too few distinct "
