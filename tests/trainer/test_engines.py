@@ -187,3 +187,11 @@ def test_make_engine_builds_hf_and_refuses_unknown(tiny):
     with pytest.raises(ValueError, match="unknown rollout engine"):
         make_engine("tgi", tiny[1], model, tok, dtype="auto", seed=0, max_model_len=256,
                     max_num_seqs=8)
+
+
+def test_auto_engine_is_hf_on_cpu():
+    import torch
+
+    from trainer.engines import default_engine
+
+    assert default_engine(torch.device("cpu")) == "hf"
