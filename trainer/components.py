@@ -63,12 +63,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("BRORL_CACHE_DIR", Path.home() / ".cache" / "brorl"))
 
 
+def tiny_model_key(spec: JobSpec) -> str:
+    """Cache key of the builtin:tiny model for this spec: its task and seed (and the build's
+    version, bumped whenever the warm start changes so stale cached models are not reused)."""
+    key_src = {"task": spec.task.model_dump(mode="json"), "seed": spec.seed, "v": 2}
+    return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
+
+
 def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer) -> Path:
     """Build (or reuse) the built-in tiny model, warm-started on this task's training split."""
     from trainer.tiny_model import ensure_tiny_model
 
-    key_src = {"task": spec.task.model_dump(mode="json"), "seed": spec.seed, "v": 1}
-    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
+    key = tiny_model_key(spec)
     template = spec.task.prompt_template
     pairs = [(render_prompt(ex.question, template), target_completion(ex.answer)) for ex in task.train]
     probe = task.eval[:64]

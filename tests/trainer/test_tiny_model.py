@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 
 import pytest
 import torch
@@ -85,30 +84,54 @@ def test_folder_loads_in_vllm(tmp_path):
 
 
 # --------------------------------------------------------------------------- warm start
-
-INSTRUCTION = "Give only the final answer inside <answer></answer> tags."
-
-
-def chain_sum(seed: int, size: int):
-    rg = pytest.importorskip("reasoning_gym")
-    ds = rg.create_dataset("chain_sum", min_terms=2, max_terms=3, max_digits=2, size=size, seed=seed)
-    return [(f"{x['question']}\n{INSTRUCTION}\n", x["answer"]) for x in ds]
+# The warm start on a real task is checked where users meet it: tests/trainer/test_learning.py
+# builds the demo spec's model (band 5-60 %) and trains it. Here: the stopping rule itself.
 
 
-@pytest.mark.slow
-def test_warm_start_lands_in_band_for_chain_sum(tmp_path):
-    train, held_out = chain_sum(0, 4000), chain_sum(1, 64)
-    answers = dict(held_out)
+def scripted(rates: list[float]):
+    """A score_fn whose successive calls report the pass rates `rates` (10 prompts each)."""
+    calls = iter(rates)
 
     def score(prompts, completions):
-        found = [re.search(r"<answer>(.*?)</answer>", c) for c in completions]
-        return [bool(m) and m.group(1).strip() == answers[p] for p, m in zip(prompts, found)]
+        k = round(next(calls) * len(prompts))
+        return [i < k for i in range(len(prompts))]
+    return score
 
-    folder = build_tiny_model(
-        tmp_path / "m", seed=0, sft_pairs=[(p, f"<answer>{a}</answer>") for p, a in train],
-        score_fn=score, eval_prompts=list(answers))
-    import json
 
-    report = json.loads((folder / "warm_start.json").read_text())
-    assert 0.05 <= report["pass_rate"] <= 0.60, report
-    assert report["seconds"] < 120
+def warm(model, rates, **kw):
+    prompts = [p for p, _ in PAIRS[:10]]
+    return tiny_model.warm_start(model, seed=0, sft_pairs=PAIRS, score_fn=scripted(rates),
+                                 eval_prompts=prompts, eval_every=1, batch_size=4, **kw)
+
+
+def test_warm_start_stops_once_the_aim_is_reached():
+    model, _ = tiny_model.build_untrained(0)
+    report = warm(model, [0.0, 0.1, 0.3, 0.5], aim=0.25, max_steps=50)
+    assert report["steps"] == 3 and report["pass_rate"] == pytest.approx(0.3)
+    assert [h[2] for h in report["history"]] == pytest.approx([0.0, 0.1, 0.3])
+
+
+def test_warm_start_overshoot_restores_the_last_in_band_weights():
+    model, _ = tiny_model.build_untrained(0)
+    snapshots = []
+    calls = scripted([0.0, 0.2, 0.9])
+
+    def score(prompts, completions):  # remember the weights each evaluation saw
+        snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
+        return calls(prompts, completions)
+
+    prompts = [p for p, _ in PAIRS[:10]]
+    report = tiny_model.warm_start(model, seed=0, sft_pairs=PAIRS, score_fn=score, eval_prompts=prompts,
+                                   eval_every=1, batch_size=4, aim=0.8, max_steps=50)
+    assert report["steps"] == 3 and report["pass_rate"] == pytest.approx(0.2)
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in snapshots[1].items())
+    assert not all(torch.equal(state[k], v) for k, v in snapshots[2].items())
+
+
+def test_warm_start_step_cap_is_deterministic():
+    a, _ = tiny_model.build_untrained(0)
+    b, _ = tiny_model.build_untrained(0)
+    ra, rb = warm(a, [0.0] * 5, max_steps=5), warm(b, [0.0] * 5, max_steps=5)
+    assert ra["steps"] == rb["steps"] == 5
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
