@@ -219,8 +219,9 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
     # an earlier shortest-first curriculum covered ~25 % of the questions (pass@8 0.2) and RL
     # could not move it. On the harder chain_sum (2-3 terms, <= 2 digits) uniform draws got
     # into the band no later than that curriculum did.
-    # `aim` 0.45: stopped at ~0.36 the same model gained half as much from the demo's RL
-    # (+0.06 vs +0.10 in 25 steps); the probe is noisy (+-0.06), hence the margin to 0.60.
+    # `aim` 0.45: the demo's build stopped earlier (step 275, probe 0.36) gained about half as
+    # much from the demo's RL (+0.06 vs +0.10 eval pass@1 in 25 steps, docs/results.md
+    # section 0); the probe is noisy (+-0.06), hence the margin to 0.60.
     pairs = sorted(sft_pairs)  # canonical order: the draws depend on the seed, not on input order
     prefix = _shared_prefix(pairs)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
