@@ -98,15 +98,15 @@ def scripted(rates: list[float]):
     return score
 
 
-def warm(model, rates, **kw):
+def warm(model, score_fn, **kw):
     prompts = [p for p, _ in PAIRS[:10]]
-    return tiny_model.warm_start(model, seed=0, sft_pairs=PAIRS, score_fn=scripted(rates),
+    return tiny_model.warm_start(model, seed=0, sft_pairs=PAIRS, score_fn=score_fn,
                                  eval_prompts=prompts, eval_every=1, batch_size=4, **kw)
 
 
 def test_warm_start_stops_once_the_aim_is_reached():
     model, _ = tiny_model.build_untrained(0)
-    report = warm(model, [0.0, 0.1, 0.3, 0.5], aim=0.25, max_steps=50)
+    report = warm(model, scripted([0.0, 0.1, 0.3, 0.5]), aim=0.25, max_steps=50)
     assert report["steps"] == 3 and report["pass_rate"] == pytest.approx(0.3)
     assert [h[2] for h in report["history"]] == pytest.approx([0.0, 0.1, 0.3])
 
@@ -120,9 +120,7 @@ def test_warm_start_overshoot_restores_the_last_in_band_weights():
         snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
         return calls(prompts, completions)
 
-    prompts = [p for p, _ in PAIRS[:10]]
-    report = tiny_model.warm_start(model, seed=0, sft_pairs=PAIRS, score_fn=score, eval_prompts=prompts,
-                                   eval_every=1, batch_size=4, aim=0.8, max_steps=50)
+    report = warm(model, score, aim=0.8, max_steps=50)
     assert report["steps"] == 3 and report["pass_rate"] == pytest.approx(0.2)
     state = model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in snapshots[1].items())
@@ -132,6 +130,6 @@ def test_warm_start_overshoot_restores_the_last_in_band_weights():
 def test_warm_start_step_cap_is_deterministic():
     a, _ = tiny_model.build_untrained(0)
     b, _ = tiny_model.build_untrained(0)
-    ra, rb = warm(a, [0.0] * 5, max_steps=5), warm(b, [0.0] * 5, max_steps=5)
+    ra, rb = warm(a, never, max_steps=5), warm(b, never, max_steps=5)
     assert ra["steps"] == rb["steps"] == 5
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
