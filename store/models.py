@@ -113,6 +113,7 @@ class JobStatus(StrEnum):
     queued = "queued"
     running = "running"
     succeeded = "succeeded"
+    warning = "warning"      # the trainer says a job cannot learn (see trainer.loop.stall_reason)
     failed = "failed"
     cancelled = "cancelled"
 
@@ -135,6 +136,7 @@ class EventType(StrEnum):
     cancelled = "cancelled"
     failed = "failed"
     succeeded = "succeeded"
+    warning = "warning"      # the trainer says a job cannot learn (see trainer.loop.stall_reason)
 
 
 def _str_enum(cls: type[StrEnum]) -> Enum:

@@ -18,7 +18,7 @@ import torch
 from trainer import checkpoint
 from trainer.data import PromptStream
 from trainer.engines import make_engine
-from trainer.models import load_policy, resolve_device
+from trainer.models import compute_dtype, load_policy, resolve_device
 from trainer.policy import auto_micro_batch_tokens
 from trainer.schedule import StagePlan, plan
 from trainer.spec import JobSpec
@@ -28,6 +28,16 @@ from trainer.tasks.prompts import render_prompt, target_completion
 from trainer.tasks.scoring import Scorer
 
 TINY = "builtin:tiny"
+
+
+def make_optimizer(params, optim_spec, lr: float) -> torch.optim.Optimizer:
+    """AdamW over the float32 master weights; `8bit` keeps its moments in 8 bits (bitsandbytes)."""
+    o = optim_spec
+    if o.optimizer_state == "8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=lr, betas=o.betas, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=lr, betas=o.betas, weight_decay=o.weight_decay)
 
 
 @dataclass
@@ -49,6 +59,10 @@ class Run:
     train_ids: list[list[int]]     # tokenised prompt of each training example
     eval_ids: list[list[int]]
     micro_batch_tokens: int
+    compute_dtype: torch.dtype = torch.float32   # forwards under autocast; weights stay float32
+    keep_rate_running: float = 1.0               # dynamic sampling's keep rate, for oversampling
+    nonfinite_in_row: int = 0                    # updates skipped in a row (non-finite loss/grad)
+    stalled_steps: int = 0                       # steps in a row that could not learn
 
     def close(self) -> None:
         self.scorer.close()
@@ -102,14 +116,15 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
     model_dir = _tiny_model_dir(spec, task, scorer) if spec.model.path == TINY else Path(spec.model.path)
     source = Path(resume) if resume else model_dir
-    policy, tokenizer = load_policy(source, spec.model.dtype, device)
+    policy, tokenizer = load_policy(source, spec.model.dtype, device,
+                                    gradient_checkpointing=spec.model.gradient_checkpointing)
+    cdtype = compute_dtype(spec.model.dtype, device)
     ref = None
     if spec.algo.kl_coef > 0:
-        ref = copy.deepcopy(policy).eval().requires_grad_(False)
+        # The reference is never trained: it may live in the compute dtype (half the memory).
+        ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
     plans = plan(spec)
-    o = spec.optim
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=plans[0].lr, betas=o.betas,
-                                  weight_decay=o.weight_decay)
+    optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
                                     spec_sha256=spec_sha256(spec))
     if resume:
@@ -132,4 +147,4 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
                tokenizer=tokenizer, policy=policy, ref=ref, optimizer=optimizer, engine=engine,
                scorer=scorer, stream=PromptStream(range(len(task.train)), spec.seed, state.data_cursor),
                plans=plans, state=state, train_ids=train_ids, eval_ids=eval_ids,
-               micro_batch_tokens=micro)
+               micro_batch_tokens=micro, compute_dtype=cdtype)

@@ -48,7 +48,7 @@ def evaluate_checkpoint(spec: JobSpec, model_dir, dataset_path=None) -> dict[str
     from trainer.tasks.scoring import Scorer
 
     task = build_task(spec.task, spec.seed, dataset_path)
-    policy, tokenizer = load_policy(model_dir, spec.model.dtype, resolve_device())
+    policy, tokenizer = load_policy(model_dir, spec.model.dtype, resolve_device(), master_fp32=False)
     prompt_ids = _encode(tokenizer, [render_prompt(ex.question, spec.task.prompt_template, tokenizer)
                                      for ex in task.eval])
     max_len = max(len(p) for p in prompt_ids) + spec.rollout.max_new_tokens

@@ -32,6 +32,21 @@ def group_solve_stats(correct: torch.Tensor, group: torch.Tensor) -> torch.Tenso
     return hits / n  # 0/0 = NaN marks ids with no samples; callers mask them out
 
 
+def solve_fractions(correct: torch.Tensor, rewards: torch.Tensor,
+                    group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Over present groups: ([G'] solve rate, [G'] bool all-wrong).
+
+    All-wrong means no sample correct AND none with a positive reward: with `reward: score`
+    a group of partial credit is neither all-correct nor all-wrong.
+    """
+    present = group_sizes(group) > 0
+    solve = group_solve_stats(correct, group)
+    best = torch.full((len(present),), -torch.inf).scatter_reduce(
+        0, group, rewards.float(), "amax", include_self=False)
+    wrong = (solve == 0) & (best <= 0)
+    return solve[present], wrong[present]
+
+
 def informative_groups(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """[G] bool: groups whose rewards are not all equal (empty ids are False).
 
@@ -69,7 +84,7 @@ def filter_rollouts(rollouts: Rollouts, correct: torch.Tensor | None = None) -> 
         correct = rewards >= 1.0
     sizes = group_sizes(group)
     present = sizes > 0
-    solve = group_solve_stats(correct, group)[present]
+    solve, wrong = solve_fractions(correct, rewards, group)
     keep_group = informative_groups(rewards, group)
     keep_sample = keep_group[group]
     idx = keep_sample.nonzero(as_tuple=True)[0]
@@ -82,7 +97,7 @@ def filter_rollouts(rollouts: Rollouts, correct: torch.Tensor | None = None) -> 
     stats = {
         "keep_rate": idx.numel() / max(len(rollouts), 1),
         "frac_all_correct": float((solve == 1).sum()) / n_present,
-        "frac_all_wrong": float((solve == 0).sum()) / n_present,
+        "frac_all_wrong": float(wrong.sum()) / n_present,
         "kept_groups": int(keep_group.sum()),
         "kept_samples": int(idx.numel()),
     }

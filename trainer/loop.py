@@ -53,6 +53,34 @@ def _checkpoint(run: Run, sink: MetricsSink, step: int) -> Path:
     return saved.path
 
 
+class StallError(RuntimeError):
+    """The job could not learn for `algo.stall_steps` steps and `algo.fail_on_stall` is set."""
+
+
+def stall_reason(spec: JobSpec, values: dict) -> str | None:
+    """Why this step could not teach the policy anything, naming the knob to turn; else None."""
+    if values.get("truncated_frac", 0.0) >= 1.0:
+        return (f"every response was cut at rollout.max_new_tokens ({spec.rollout.max_new_tokens}) "
+                f"before it finished: raise rollout.max_new_tokens")
+    if spec.algo.dynamic_sampling and values.get("kept_groups", 1) == 0:
+        return ("no prompt group had differing rewards, so dynamic sampling kept nothing to learn "
+                "from (frac_all_correct / frac_all_wrong say which side): use an easier or harder "
+                "task config, a larger rollout n, or raise algo.max_refill_rounds")
+    return None
+
+
+def _check_stall(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
+    """Warn once when `algo.stall_steps` steps in a row could not learn; fail if asked to."""
+    reason = stall_reason(run.spec, values)
+    run.stalled_steps = run.stalled_steps + 1 if reason else 0
+    if reason and run.stalled_steps == run.spec.algo.stall_steps:
+        message = f"no learning for {run.stalled_steps} steps in a row (to step {step}): {reason}"
+        sink.event("warning", {"step": step, "message": message})
+        log.warning(message)
+        if run.spec.algo.fail_on_stall:
+            raise StallError(message + " (algo.fail_on_stall is set)")
+
+
 def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], resume: Path | None = None,
           *, out_dir: Path, dataset_path: Path | None = None,
           on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
@@ -82,6 +110,7 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
                 last_eval = _evaluate(run, sink, step)
                 values.update(last_eval)
             sink.metrics(step, values)
+            _check_stall(run, sink, step, values)
             if on_step:
                 on_step(step, values)
             # Reset the reference before checkpointing so that a checkpoint holds the state after

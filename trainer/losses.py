@@ -14,6 +14,14 @@ from typing import Callable
 
 import torch
 
+# Bound on every log-ratio before it is exponentiated (veRL uses the same): exp(20) ~ 5e8 is
+# finite in float32, so an extreme token gives a huge but finite value instead of inf -> NaN.
+LOG_RATIO_CLAMP = 20.0
+
+
+def _log_ratio(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a - b).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
 # ----------------------------------------------------------------------------- KL estimators
 # Schulman's estimators of KL(pi || ref) from tokens sampled from pi, with
 # log r = ref_logp - logp. k1 is unbiased but high-variance and can be negative; k2 is
@@ -27,12 +35,12 @@ def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k2 = 0.5 (log pi - log ref)^2 (PAPER.md recipe)."""
-    return 0.5 * (logp - ref_logp).pow(2)
+    return 0.5 * _log_ratio(logp, ref_logp).pow(2)
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 = exp(ref - logp) - (ref - logp) - 1."""
-    log_ratio = ref_logp - logp
+    log_ratio = _log_ratio(ref_logp, logp)
     return torch.expm1(log_ratio) - log_ratio  # expm1: exact near 0, where k3 is ~ x^2/2
 
 
@@ -59,7 +67,7 @@ def is_weights(
     trainer's policy would produce. `band=None` turns the correction off (all ones).
     Returns (weights, truncated_mask); weights are detached (they are constants of the step).
     """
-    ratio = torch.exp(trainer_logp.detach().float() - engine_logp.detach().float())
+    ratio = torch.exp(_log_ratio(trainer_logp.detach().float(), engine_logp.detach().float()))
     if band is None:
         return torch.ones_like(ratio), torch.zeros_like(ratio, dtype=torch.bool)
     low, high = band
@@ -69,7 +77,7 @@ def is_weights(
 
 def is_ratio(trainer_logp: torch.Tensor, engine_logp: torch.Tensor) -> torch.Tensor:
     """The untruncated trainer/engine ratio, for the is_ratio_mean statistic."""
-    return torch.exp(trainer_logp.detach().float() - engine_logp.detach().float())
+    return torch.exp(_log_ratio(trainer_logp.detach().float(), engine_logp.detach().float()))
 
 
 # ----------------------------------------------------------------------------- PPO
@@ -91,7 +99,7 @@ def ppo_clip_terms(
     not restricted to valid tokens; the caller applies `mask`.
     """
     adv = advantages.to(logp.dtype).unsqueeze(-1)
-    ratio = torch.exp(logp - old_logp.detach())
+    ratio = torch.exp(_log_ratio(logp, old_logp.detach()))
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = -torch.minimum(ratio * adv, clipped * adv)
     r = ratio.detach()

@@ -10,10 +10,16 @@ Sequences are prompt + response, right-padded with token 0 and an attention mask
 padding real tokens never see padding under the causal mask, and position ids are simply
 0 .. L-1 (passed explicitly so no model has to infer them from the mask).
 
-The model's train/eval mode is left as the caller set it (the tiny Qwen2 has no dropout).
+Precision: the trainable weights and the optimizer state stay float32 (master weights);
+with `compute_dtype` bfloat16 every forward runs under `torch.autocast`, so matmuls are bf16
+while the update lands on the float32 weights (a bf16 weight cannot take a 1e-6 step). Dropout
+is switched off at load time (`trainer.models.disable_dropout`), so train/eval mode does not
+change any log-prob here.
 """
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -49,12 +55,20 @@ class UpdateConfig:
     is_band: tuple[float, float] | None = (0.5, 5.0)
     temperature: float = 1.0
     grad_clip: float | None = 1.0
+    compute_dtype: torch.dtype = torch.float32
 
     @classmethod
-    def from_spec(cls, spec) -> "UpdateConfig":
+    def from_spec(cls, spec, compute_dtype: torch.dtype = torch.float32) -> "UpdateConfig":
         a = spec.algo
         return cls(a.clip_low, a.clip_high, a.kl_coef, a.kl_estimator,
-                   a.is_truncation, spec.rollout.temperature, spec.optim.grad_clip)
+                   a.is_truncation, spec.rollout.temperature, spec.optim.grad_clip, compute_dtype)
+
+
+def autocast(device: torch.device, compute_dtype: torch.dtype):
+    """bf16 autocast around a forward when the compute dtype is not float32 (CPU too)."""
+    if compute_dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=compute_dtype)
 
 
 # ----------------------------------------------------------------------------- packing
@@ -123,13 +137,15 @@ def _pack(prompt_ids, response_ids, idx: list[int], device) -> dict:
     }
 
 
-def _response_logits(model, batch: dict, temperature: float) -> torch.Tensor:
+def _response_logits(model, batch: dict, temperature: float,
+                     compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[b, R, V] float32 logits / temperature at the positions that predict response tokens."""
     # logits_to_keep: only the tail from the shortest prompt on is projected to the vocab,
     # so long prompts do not cost a [L, V] logits tensor each.
     keep = batch["keep"]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], logits_to_keep=keep, use_cache=False)
+    with autocast(batch["input_ids"].device, compute_dtype):
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    position_ids=batch["position_ids"], logits_to_keep=keep, use_cache=False)
     L = batch["input_ids"].shape[1]
     pos = batch["pred_pos"] - (L - keep)
     V = out.logits.shape[-1]
@@ -153,7 +169,7 @@ def _pad_rows(rows, idx: list[int], device) -> torch.Tensor:
 
 @torch.no_grad()
 def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_tokens: int,
-                      with_entropy: bool = False):
+                      with_entropy: bool = False, compute_dtype: torch.dtype = torch.float32):
     """Per-sample 1-D float32 CPU tensors of log pi(response token | prefix) at `temperature`.
 
     With `with_entropy`, returns (logprobs, entropies), entropies per response token.
@@ -165,7 +181,7 @@ def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_t
     ents: list[torch.Tensor] = [None] * len(lengths)  # type: ignore[list-item]
     for chunk in micro_batches(lengths, max_tokens):
         batch = _pack(prompt_ids, response_ids, chunk, device)
-        logits = _response_logits(model, batch, temperature)
+        logits = _response_logits(model, batch, temperature, compute_dtype)
         lp = _token_logp(logits, batch["targets"]).cpu()
         ent = entropy_from_logits(logits).cpu() if with_entropy else None
         for row, (i, n) in enumerate(zip(chunk, batch["rlens"])):
@@ -184,7 +200,7 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
     device = next(model.parameters()).device
     batch = _pack(mb.prompt_ids, mb.response_ids, idx, device)
     mask = batch["mask"]
-    logits = _response_logits(model, batch, cfg.temperature)
+    logits = _response_logits(model, batch, cfg.temperature, cfg.compute_dtype)
     logp = _token_logp(logits, batch["targets"])
     old = _pad_rows(old_logp, idx, device)
     engine = _pad_rows(mb.engine_logprobs, idx, device)
@@ -222,6 +238,9 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     in that denominator (they count as seen, with zero policy-gradient weight).
     All statistics are token-weighted means over the mini-batch, except `loss` (the
     mini-batch loss itself) and `grad_norm` (the global norm before clipping).
+
+    A mini-batch whose loss or gradient norm is not finite is not applied (the weights and the
+    optimizer state stay as they were); `skipped` = 1 says so and the caller counts them.
     """
     if minibatch.advantages is None:
         raise ValueError("minibatch.advantages is None: compute advantages before the update")
@@ -235,11 +254,14 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     params = [p for p in model.parameters() if p.grad is not None]
     max_norm = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.tensor(0.0)
-    optimizer.step()
+    finite = math.isfinite(totals.get("loss", 0.0)) and math.isfinite(float(grad_norm))
+    if finite:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
     denom = max(n_tokens, 1)
     stats = {k: (v if k == "loss" else v / denom) for k, v in totals.items()}
     stats["grad_norm"] = float(grad_norm)
+    stats["skipped"] = 0.0 if finite else 1.0
     stats["n_tokens"] = n_tokens
     return stats

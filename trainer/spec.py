@@ -43,11 +43,17 @@ class FieldError(ValueError):
 
 # --------------------------------------------------------------------------- model
 
+TINY_MODEL = "builtin:tiny"
+TINY_MIN_NEW_TOKENS = 24
+
 
 class ModelSpec(_Frozen):
     path: str = Field("builtin:tiny", min_length=1, max_length=4096,
                       description="HF model folder, HF hub id, or builtin:tiny (built on the worker).")
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Compute dtype (auto = bf16 on CUDA, float32 on CPU); trainable "
+                            "weights and optimizer state are float32 either way.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward.")
 
 
 # --------------------------------------------------------------------------- task
@@ -177,6 +183,10 @@ class OptimSpec(_Frozen):
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float | None = Field(1.0, gt=0, description="Max global grad norm; null = off.")
+    optimizer_state: Literal["fp32", "8bit"] = Field(
+        "fp32", description="AdamW state: fp32 (8 bytes/param) or 8bit (bitsandbytes, 2 bytes/param).")
+    max_nonfinite_steps: int = Field(
+        3, ge=1, description="Updates in a row with a non-finite loss or gradient before the job fails.")
 
 
 class AlgoSpec(_Frozen):
@@ -192,6 +202,12 @@ class AlgoSpec(_Frozen):
     mini_batches: int = Field(4, ge=1)
     micro_batch_tokens: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
     truncated_reward: float = 0.0
+    max_oversample: float = Field(
+        4.0, ge=1, le=64, description="Cap on generating 1/keep_rate times the missing prompts.")
+    stall_steps: int = Field(
+        10, ge=1, description="Steps in a row with every response truncated or no group kept "
+                              "before a warning.")
+    fail_on_stall: bool = Field(False, description="Fail the job instead of only warning.")
 
     @field_validator("clip_high")
     @classmethod
@@ -261,17 +277,20 @@ class JobSpec(_Frozen):
                 f"{self.algo.mini_batches} exceeds the smallest stage's samples per step ({smallest})")
         return self
 
+    @model_validator(mode="after")
+    def _tiny_can_answer(self) -> "JobSpec":
+        # builtin:tiny is character-level: '<answer>-123</answer>' plus end of text is ~22
+        # tokens. Below that every response is truncated and the job cannot learn.
+        if self.model.path == TINY_MODEL and self.rollout.max_new_tokens < TINY_MIN_NEW_TOKENS:
+            raise FieldError(
+                "rollout.max_new_tokens",
+                f"{self.rollout.max_new_tokens} is too short for builtin:tiny, which writes its "
+                f"answer one character per token: use at least {TINY_MIN_NEW_TOKENS}")
+        return self
+
     @property
     def total_steps(self) -> int:
         return sum(s.steps for s in self.rollout.schedule)
-
-    def stage_at(self, step: int) -> tuple[int, Stage]:
-        """(stage index, stage) of a 0-based step."""
-        for i, stage in enumerate(self.rollout.schedule):
-            if step < stage.steps:
-                return i, stage
-            step -= stage.steps
-        raise IndexError("step beyond the schedule")
 
 
 # --------------------------------------------------------------------------- helpers

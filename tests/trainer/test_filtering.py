@@ -49,7 +49,7 @@ def test_filter_rollouts_score_rewards_constant_partial_group_dropped():
     kept, stats = filter_rollouts(_rollouts([0.5, 0.5, 0.2, 0.7], [0, 0, 1, 1]))
     assert len(kept) == 2 and stats["keep_rate"] == 0.5
     # the dropped 0.5/0.5 group is neither all-correct nor all-wrong
-    assert stats["frac_all_correct"] == 0.0 and stats["frac_all_wrong"] == 1.0
+    assert stats["frac_all_correct"] == 0.0 and stats["frac_all_wrong"] == 0.0
 
 
 def test_filter_rollouts_everything_dropped():

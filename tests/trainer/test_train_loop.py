@@ -19,7 +19,7 @@ def tiny_spec(**over) -> JobSpec:
         "name": "loop-test", "seed": 3,
         "task": {"reasoning_gym": {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
                                    "train_size": 400, "eval_size": 16}},
-        "rollout": {"engine": "hf", "max_new_tokens": 12,
+        "rollout": {"engine": "hf", "max_new_tokens": 24,
                     "schedule": [{"n": 8, "prompts_per_step": 4, "steps": 2}, {"n": 32, "prompts_per_step": 1, "steps": 2}]},
         "optim": {"lr": 1e-4},
         "algo": {"mini_batches": 2, "micro_batch_tokens": 256, "ref_reset_every": 3},

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.slow
 
 def test_vllm_engine_trains_syncs_and_checkpoint_loads_in_vllm(tmp_path):
     spec = tiny_spec(rollout={
-        "engine": "vllm", "max_new_tokens": 12,
+        "engine": "vllm", "max_new_tokens": 24,
         "schedule": [{"n": 8, "prompts_per_step": 4, "steps": 1}, {"n": 32, "prompts_per_step": 1, "steps": 1}]},
         eval={"every": 0, "samples_per_prompt": 4, "k": [1, 4]})
     sink, result = run(spec, tmp_path)

@@ -25,7 +25,7 @@ BASE_SPEC: dict[str, Any] = {
     "name": "fake",
     "task": {"reasoning_gym": {"name": "chain_sum", "train_size": 10, "eval_size": 2}},
     "rollout": {"engine": "hf", "schedule": [{"n": 2, "prompts_per_step": 2, "steps": 3}],
-                "max_new_tokens": 4},
+                "max_new_tokens": 24},
     "eval": {"every": 0, "samples_per_prompt": 2, "k": [1, 2]},
     "checkpoint": {"every": 0, "keep_last": 1},
     "algo": {"mini_batches": 1},

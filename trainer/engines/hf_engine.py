@@ -19,6 +19,7 @@ import time
 import torch
 
 from trainer.engines.base import WeightSyncError
+from trainer.policy import autocast
 from trainer.rollouts import Generation, SamplingConfig
 
 
@@ -26,8 +27,10 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model: torch.nn.Module, tokenizer_or_eos_id, *, seed: int = 0,
-                 max_batch_tokens: int = 131_072, pad_id: int | None = None):
+                 max_batch_tokens: int = 131_072, pad_id: int | None = None,
+                 compute_dtype: torch.dtype = torch.float32):
         self.model = model
+        self.compute_dtype = compute_dtype
         if isinstance(tokenizer_or_eos_id, int):
             self.eos_id = tokenizer_or_eos_id
         else:
@@ -51,8 +54,9 @@ class HFEngine:
         self.model.eval()
         try:
             for chunk in self._chunks(prompts, sampling):
-                ids, lps, fin = self._generate_chunk(
-                    [prompts[p] for p, _ in chunk], [c for _, c in chunk], sampling, gen, ignore_eos)
+                with autocast(device, self.compute_dtype):
+                    ids, lps, fin = self._generate_chunk(
+                        [prompts[p] for p, _ in chunk], [c for _, c in chunk], sampling, gen, ignore_eos)
                 for (p, count) in chunk:
                     out.prompt_index.extend([p] * count)
                 out.token_ids.extend(ids)
