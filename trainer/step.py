@@ -162,9 +162,8 @@ def update(run: Run, batch: Rollouts, step: int) -> dict[str, float]:
         ref = sequence_logprobs(run.ref, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd)
     cfg = UpdateConfig.from_spec(spec, cd)
     gen = torch.Generator().manual_seed(mix_seed(spec.seed, step, 7919))
-    order = torch.randperm(len(batch), generator=gen)
     stats: list[dict[str, float]] = []
-    for chunk in torch.tensor_split(order, min(algo.mini_batches, len(batch))):
+    for chunk in split_mini_batches(len(batch), algo.mini_batches, gen):
         ids = chunk.tolist()
         s = ppo_update(run.policy, run.optimizer, batch.select(chunk), [old[i] for i in ids],
                        None if ref is None else [ref[i] for i in ids], cfg, mbt)
@@ -179,6 +178,11 @@ def update(run: Run, batch: Rollouts, step: int) -> dict[str, float]:
     out["skipped_updates"] = sum(s["skipped"] for s in stats)
     out["mini_batch_updates"] = len(stats)
     return out
+
+
+def split_mini_batches(n: int, mini_batches: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """A random permutation of range(n) in exactly min(mini_batches, n) near-equal parts."""
+    return list(torch.tensor_split(torch.randperm(n, generator=gen), min(mini_batches, n)))
 
 
 class NonFiniteError(RuntimeError):
