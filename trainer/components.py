@@ -61,6 +61,7 @@ class Run:
     micro_batch_tokens: int
     compute_dtype: torch.dtype = torch.float32   # forwards under autocast; weights stay float32
     keep_rate_running: float = 1.0               # dynamic sampling's keep rate, for oversampling
+    keep_rounds_seen: int = 0                    # generation rounds that rate is made of
     nonfinite_in_row: int = 0                    # updates skipped in a row (non-finite loss/grad)
     stalled_steps: int = 0                       # steps in a row that could not learn
 

@@ -129,9 +129,12 @@ def collect(run: Run, plan: StagePlan, step: int) -> Collected:
             parts, have = [rollouts], plan.prompts_per_step
             break
         kept, stats = filter_rollouts(rollouts, rollouts.extras["correct"])
-        # Running keep rate of groups (an EMA, so one odd step does not swing the next ask).
+        # Running keep rate of groups: a plain mean over the first rounds, then an EMA (so
+        # one odd round does not swing the next ask, and the rate can follow training).
+        run.keep_rounds_seen += 1
+        w = max(1.0 / run.keep_rounds_seen, 0.3)
         rate = stats["kept_groups"] / max(counts.groups, 1)
-        run.keep_rate_running = 0.7 * run.keep_rate_running + 0.3 * rate
+        run.keep_rate_running = (1 - w) * run.keep_rate_running + w * rate
         if stats["kept_groups"]:
             kept.extras.pop("orig_group", None)
             take = min(stats["kept_groups"], deficit)

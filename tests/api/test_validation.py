@@ -25,6 +25,9 @@ CASES = {
                          "smallest stage"),
     "missing name": ({k: v for k, v in make_spec().items() if k != "name"}, "name", "required"),
     "no task": (make_spec(task={}), "task", "exactly one"),
+    "builtin:tiny cannot finish its answer": (
+        make_spec(rollout={"schedule": [STAGE], "max_new_tokens": 16}), "rollout.max_new_tokens",
+        "too short for builtin:tiny"),
 }
 
 

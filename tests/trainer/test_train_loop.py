@@ -11,7 +11,8 @@ from trainer.spec import JobSpec
 METRIC_NAMES = """step stage n prompts lr reward_mean reward_std pass_rate frac_all_correct
 frac_all_wrong keep_rate refill_rounds response_len_mean response_len_max truncated_frac loss
 pg_clipfrac_low pg_clipfrac_high kl entropy is_ratio_mean is_truncated_frac grad_norm
-weight_sync_s gen_s score_s train_s step_s samples_per_s tokens_per_s peak_mem_mb""".split()
+weight_sync_s gen_s score_s train_s step_s samples_per_s tokens_per_s peak_mem_mb kept_groups
+groups_shortfall underfilled keep_rate_running skipped_updates mini_batch_updates""".split()
 
 
 def tiny_spec(**over) -> JobSpec:
