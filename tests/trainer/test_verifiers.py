@@ -59,7 +59,7 @@ def test_numeric_bad_reference_raises():
     ("\\frac{1}{2}", "0.5", 1.0),
     ("x^2+1", "1+x^2", 1.0),
     ("\\sqrt{4}", "2", 1.0),
-    ("$\\frac{6}{8}$", "3/4", 1.0),
+    ("$\\frac{6}{8}$", "3/4", 0.0),  # not reduced: arithmetic left to do
     ("3", "4", 0.0),
     ("1", "1+x^2", 0.0),
     ("", "1", 0.0),

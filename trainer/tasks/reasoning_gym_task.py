@@ -91,11 +91,26 @@ def _scoring_dataset(name: str, config_json: str):
     return _dataset(name, json.loads(config_json), seed=0, size=1)
 
 
+def answer_is_plausible(extracted: str, answer: str) -> bool:
+    """Guards in front of a task's own scorer, which may be lenient (chain_sum pays
+    "1245, 1246" for 1245): no enormous answers, no other scripts' digits, and where the
+    reference is a number the answer must be one number too."""
+    from trainer.tasks.verifiers import MAX_ANSWER_CHARS, ascii_digits_only, parse_number
+
+    if len(extracted) > MAX_ANSWER_CHARS or not ascii_digits_only(extracted):
+        return False
+    if parse_number(answer) is not None:
+        return parse_number(extracted, strict=True) is not None
+    return True
+
+
 def make_verifier(options: dict[str, Any]) -> Verifier:
     """The task's own `score_answer(answer, entry)` (partial credit where the task gives it)."""
     dataset = _scoring_dataset(options["name"], json.dumps(options["config"], sort_keys=True))
 
     def verify(extracted: str, answer: str, payload: dict) -> float:
+        if not answer_is_plausible(extracted, answer):
+            return 0.0
         return dataset.score_answer(extracted, payload)
 
     return verify
