@@ -163,3 +163,20 @@ def test_old_logprobs_are_not_changed_by_the_mini_batch_updates():
     assert len(calls) == 4
     got = {tuple(o.tolist()) for mb in calls for o in mb}
     assert got == {tuple(o.tolist()) for o in want}  # computed once, before any update
+
+
+def test_8bit_optimizer_state_steps_the_fp32_masters():
+    pytest.importorskip("bitsandbytes")
+    from trainer.components import make_optimizer
+    from trainer.spec import OptimSpec
+
+    model = _qwen()
+    opt = make_optimizer(model.parameters(), OptimSpec(optimizer_state="8bit"), 1e-6)
+    assert "8bit" in type(opt).__name__
+    frac_before = [p.detach().clone() for p in model.parameters()]
+    ro = _rollouts(8)
+    old = sequence_logprobs(model, ro.prompt_ids, ro.response_ids, 1.0, 4096, compute_dtype=torch.bfloat16)
+    ppo_update(model, opt, ro, old, None, UpdateConfig(is_band=None, kl_coef=0.0,
+                                                       compute_dtype=torch.bfloat16), 4096)
+    moved = sum(int((a != b).sum()) for a, b in zip(frac_before, model.parameters()))
+    assert moved / sum(p.numel() for p in frac_before) > 0.5
