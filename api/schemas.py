@@ -43,6 +43,8 @@ class JobPublic(_Public):
     step: int = Field(description="The last step that wrote metrics.")
     total_steps: int
     error: str | None = None
+    warning: str | None = Field(None, description="The trainer's latest warning (e.g. the job "
+                                                  "cannot learn, and which field to change).")
     spec: dict[str, Any] = Field(description="The job spec as stored, defaults filled in.")
 
 

@@ -267,8 +267,13 @@ def add_event(
     attempt: int | None = None,
 ) -> JobEvent:
     """Append an event; with `attempt` it is fenced like every other worker write."""
+    extra = {}
+    if EventType(type) == EventType.warning:  # also the job's status line (JobPublic.warning)
+        extra["warning"] = str((data or {}).get("message", ""))[:2000]
     if attempt is not None:
-        _fenced_update(s, job_id, attempt)
+        _fenced_update(s, job_id, attempt, **extra)
+    elif extra:
+        s.execute(update(Job).where(Job.id == job_id).values(**extra).execution_options(**_NO_SYNC))
     event = JobEvent(job_id=job_id, type=EventType(type), data=dict(data or {}))
     s.add(event)
     s.flush()

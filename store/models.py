@@ -113,7 +113,6 @@ class JobStatus(StrEnum):
     queued = "queued"
     running = "running"
     succeeded = "succeeded"
-    warning = "warning"      # the trainer says a job cannot learn (see trainer.loop.stall_reason)
     failed = "failed"
     cancelled = "cancelled"
 
@@ -202,6 +201,7 @@ class Job(Base):
     step: Mapped[int] = mapped_column(Integer, default=0)
     total_steps: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
+    warning: Mapped[str | None] = mapped_column(Text)   # the trainer's latest warning event
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str | None] = mapped_column(String(64))
 

@@ -212,6 +212,18 @@ def test_checkpoints_and_events(session: Session, tenant: Tenant) -> None:
     assert [e.id for e in after] == [e.id for e in events[2:4]]
 
 
+def test_warning_event_sets_the_jobs_status_line(session: Session, tenant: Tenant) -> None:
+    job = make_job(session, tenant)
+    claim = _claim(session, job.id)
+    assert jobs.get_job(session, tenant.id, job.id).warning is None
+    jobs.add_event(session, job.id, "warning", {"step": 10, "message": "raise max_new_tokens"},
+                   attempt=claim.attempt)
+    session.commit()
+    session.expire_all()
+    assert jobs.get_job(session, tenant.id, job.id).warning == "raise max_new_tokens"
+    assert _events(session, job.id)[-1] == EventType.warning
+
+
 # --------------------------------------------------------------------------- reaper
 
 
