@@ -195,3 +195,13 @@ def test_auto_engine_is_hf_on_cpu():
     from trainer.engines import default_engine
 
     assert default_engine(torch.device("cpu")) == "hf"
+
+
+def test_hf_stops_on_every_generation_config_eos(tiny):
+    model = copy.deepcopy(tiny[0])
+    greedy = SamplingConfig(n=2, max_new_tokens=6, temperature=0.0)
+    first = HFEngine(model, EOS).generate(PROMPTS[:1], greedy, ignore_eos=True).token_ids[0][0]
+    assert first != EOS
+    model.generation_config.eos_token_id = [EOS, first]   # e.g. <|im_end|> and <|endoftext|>
+    gen = HFEngine(model, EOS).generate(PROMPTS[:1], greedy)
+    assert gen.token_ids == [[first], [first]] and all(gen.finished)

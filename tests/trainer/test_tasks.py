@@ -92,6 +92,13 @@ def test_dataset_split_is_deterministic_and_disjoint(tmp_path):
     assert dataset_task.build(spec, _write(tmp_path, rows), seed=8).eval != task.eval
 
 
+def test_duplicate_prompts_never_straddle_the_split(tmp_path):
+    rows = [{"prompt": f"q{i % 20}", "answer": str(i % 20)} for i in range(200)]  # each 10 times
+    task = dataset_task.build(DatasetTask(id="ds_1", eval_fraction=0.25), _write(tmp_path, rows), seed=1)
+    assert len(task.train) + len(task.eval) == 20
+    assert not {e.question for e in task.train} & {e.question for e in task.eval}
+
+
 def test_dataset_split_keeps_one_of_each(tmp_path):
     spec = DatasetTask(id="ds_1", eval_fraction=0.9)
     task = dataset_task.build(spec, _write(tmp_path, [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]), 0)

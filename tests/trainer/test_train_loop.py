@@ -69,6 +69,22 @@ def test_metrics_schedule_and_events(full_run):
     assert [c[0] for c in sink.checkpoints] == [2, 4]
 
 
+def test_updates_happened_and_reference_reset_keeps_optimizer_state(full_run):
+    import torch
+
+    out, sink, _ = full_run
+    rows = {r["step"]: r for r in sink.steps}
+    updated = [s for s in (1, 2, 3, 4) if rows[s]["loss"] is not None]
+    assert updated, "no step updated: every check over the loss would be vacuous"
+    assert all(math.isfinite(rows[s]["loss"]) and rows[s]["skipped_updates"] == 0 for s in updated)
+    ts = latest(out) / "trainer_state"
+    assert json.loads((ts / "state.json").read_text())["ref_step"] == 3  # ref_reset_every: 3
+    opt = torch.load(ts / "optimizer.pt", weights_only=False)
+    adam_steps = {int(v["step"]) for v in opt["state"].values()}
+    # AdamW's step count runs through the reference reset at step 3: its state is kept.
+    assert adam_steps == {sum(rows[s]["mini_batch_updates"] for s in updated)}
+
+
 def test_checkpoint_is_hf_folder_and_verified(full_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

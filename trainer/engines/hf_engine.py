@@ -39,6 +39,9 @@ class HFEngine:
                 pad_id = tokenizer_or_eos_id.pad_token_id
         # Pad positions are masked out, so any valid id works as filler.
         self.pad_id = self.eos_id if pad_id is None else pad_id
+        # Stop on every EOS id of the model's generation_config (chat models list several,
+        # e.g. <|im_end|> and <|endoftext|>), as vLLM does.
+        self.eos_ids = sorted({self.eos_id, *_generation_eos_ids(model)} - {None})
         self.seed = seed
         self.max_batch_tokens = max_batch_tokens
 
@@ -131,7 +134,7 @@ class HFEngine:
             tok, lp = _sample(logits.float(), sampling, gen)
             toks[:, t], lps[:, t] = tok, lp
             if not ignore_eos:
-                hit = (tok == self.eos_id) & ~done
+                hit = torch.isin(tok, torch.tensor(self.eos_ids, device=device)) & ~done
                 length[hit] = t + 1
                 done |= hit
                 if bool(done.all()):
@@ -147,6 +150,13 @@ class HFEngine:
         return ([toks[i][:n] for i, n in enumerate(length)],
                 [lps[i][:n] for i, n in enumerate(length)],
                 done.tolist())
+
+
+def _generation_eos_ids(model) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
 
 
 def _sample(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator):

@@ -92,10 +92,21 @@ def split(n: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]
     return order[n_eval:], order[:n_eval]
 
 
+def dedupe_by_prompt(rows: list[dict]) -> list[dict]:
+    """The first row of each distinct prompt: a prompt in both splits would leak the eval."""
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        if row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            out.append(row)
+    return out
+
+
 def build(spec: DatasetTask, path: Path, seed: int) -> Task:
     """The uploaded dataset at `path`, split deterministically by `seed`."""
     with open(path, "rb") as fh:
-        rows = validate_jsonl(fh, verifier=spec.verifier)
+        rows = dedupe_by_prompt(validate_jsonl(fh, verifier=spec.verifier))
     train_idx, eval_idx = split(len(rows), spec.eval_fraction, seed)
     return Task(
         name=spec.id,
