@@ -15,7 +15,8 @@ from typing import Callable
 
 import torch
 
-AdvantageFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# (rewards [S], group [S], token_weights [S] or None) -> advantages [S]
+AdvantageFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
 def _group_count_sum(values: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,30 +42,39 @@ def group_baseline(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     return rewards - group_mean(rewards, group)
 
 
-def whiten(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def whiten(x: torch.Tensor, eps: float = 1e-6, weights: torch.Tensor | None = None) -> torch.Tensor:
     """(x - mean) / (std + eps) over the whole batch; zeros when the batch has no spread.
 
     Population std (no Bessel correction) so a batch of one is defined. A std at or below
     `eps` is treated as zero spread and gives zeros: dividing rounding noise by eps would
-    otherwise turn an all-equal batch into O(1) advantages.
+    otherwise turn an all-equal batch into O(1) advantages. With `weights` (each sample's
+    response length) mean and std are over tokens, as OpenRLHF's `reinforce_baseline`:
+    every token, not every sample, then has zero-mean unit-variance advantage.
     """
     x = x.float()
     if x.numel() == 0:
         return x
-    centred = x - x.mean()
-    std = centred.pow(2).mean().sqrt()
+    w = torch.ones_like(x) if weights is None else weights.float().clamp_min(0)
+    if float(w.sum()) <= 0:
+        return torch.zeros_like(x)
+    w = w / w.sum()
+    centred = x - (w * x).sum()
+    std = (w * centred.pow(2)).sum().sqrt()
     if std <= eps:
         return torch.zeros_like(x)
     return centred / (std + eps)
 
 
-def reinforce_pp_baseline(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-    """PAPER.md's default: group-mean baseline, then whitening over the global batch."""
-    return whiten(group_baseline(rewards, group))
+def reinforce_pp_baseline(rewards: torch.Tensor, group: torch.Tensor,
+                          token_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """PAPER.md's default: group-mean baseline, then whitening over the global batch
+    (over samples, or over tokens when `token_weights` holds the response lengths)."""
+    return whiten(group_baseline(rewards, group), weights=token_weights)
 
 
-def grpo(rewards: torch.Tensor, group: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO: (R - group mean) / (group std + eps).
+def grpo(rewards: torch.Tensor, group: torch.Tensor, token_weights: torch.Tensor | None = None,
+         eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: (R - group mean) / (group std + eps). No batch whitening: `token_weights` unused.
 
     The group std is the sample std (Bessel-corrected, as TRL and veRL compute it); a group
     of one sample has advantage 0 (its centred reward is 0 and its std is taken as 0).

@@ -191,6 +191,9 @@ class OptimSpec(_Frozen):
 
 class AlgoSpec(_Frozen):
     advantage: Literal["reinforce_pp_baseline", "grpo"] = "reinforce_pp_baseline"
+    advantage_whitening: Literal["sample", "token"] = Field(
+        "sample", description="reinforce_pp_baseline's batch whitening: over samples (each "
+                              "response counts once) or over tokens (OpenRLHF's choice).")
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.27, gt=0)
     kl_coef: float = Field(1e-4, ge=0)

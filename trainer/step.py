@@ -156,7 +156,9 @@ def update(run: Run, batch: Rollouts, step: int) -> dict[str, float]:
     differ by at most one (`tensor_split`; `chunk` may give fewer, e.g. 6 samples in 4 -> 3).
     """
     spec, algo = run.spec, run.spec.algo
-    batch.advantages = ADVANTAGES[algo.advantage](batch.rewards, batch.group)
+    lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
+    token_weights = lengths if algo.advantage_whitening == "token" else None
+    batch.advantages = ADVANTAGES[algo.advantage](batch.rewards, batch.group, token_weights)
     temp = spec.rollout.temperature
     mbt, cd = run.micro_batch_tokens, run.compute_dtype
     old = sequence_logprobs(run.policy, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd)

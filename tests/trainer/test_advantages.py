@@ -66,3 +66,17 @@ def test_registry_names():
     r, g = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1])
     for fn in ADVANTAGES.values():
         assert fn(r, g).shape == (4,)
+
+
+def test_token_weighted_whitening_is_zero_mean_unit_std_over_tokens():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    group = torch.tensor([0, 0, 1, 1])
+    lengths = torch.tensor([1.0, 9.0, 5.0, 5.0])
+    a = reinforce_pp_baseline(rewards, group, lengths)
+    per_token = torch.repeat_interleave(a, lengths.long())
+    assert abs(float(per_token.mean())) < 1e-5
+    assert float(per_token.pow(2).mean().sqrt()) == pytest.approx(1.0, abs=1e-4)
+    # per sample it is not zero-mean: the choice matters (and equal lengths give the sample form)
+    assert abs(float(a.mean())) > 0.05
+    torch.testing.assert_close(reinforce_pp_baseline(rewards, group, torch.full((4,), 3.0)),
+                               reinforce_pp_baseline(rewards, group))
