@@ -48,12 +48,18 @@ def perturbed(model: torch.nn.Module, seed: int, scale: float = 0.02) -> torch.n
     return other
 
 
-def teacher_forced(model, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
-    """Trainer-side log-probs of `response` after `prompt`, under softmax(logits / T)."""
+def teacher_forced(model, prompt: list[int], response: list[int], temperature: float,
+                   top_p: float = 1.0) -> torch.Tensor:
+    """Log-probs of `response` after `prompt` under softmax(logits / T); with top_p < 1
+    renormalised over each position's nucleus (what vLLM's processed log-probs report)."""
     with torch.no_grad():
         x = torch.tensor([prompt + response])
         logits = model.eval()(input_ids=x).logits[0, len(prompt) - 1:-1].float() / temperature
         lp = torch.log_softmax(logits, -1)
+        if top_p < 1.0:
+            p_sorted = lp.exp().sort(-1, descending=True).values
+            mass = torch.where(p_sorted.cumsum(-1) - p_sorted < top_p, p_sorted, 0.0).sum(-1, keepdim=True)
+            lp = lp - mass.log()
         return lp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
 
 
@@ -141,7 +147,7 @@ def test_hf_shape_contract_and_logprobs(tiny):
                                                       top_p=top_p, seed=4))
         check_shape(gen, 5, 7)
         for p, ids, lps in zip(gen.prompt_index, gen.token_ids, gen.logprobs):
-            ref = teacher_forced(model, PROMPTS[p], ids, temperature)
+            ref = teacher_forced(model, PROMPTS[p], ids, temperature, top_p)
             assert torch.allclose(torch.tensor(lps), ref, atol=1e-4)
 
 

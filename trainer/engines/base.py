@@ -7,12 +7,11 @@ Contract of `generate(prompts, sampling)`:
 - `token_ids` are the response tokens only. Generation stops at the EOS token, which is then
   the last response token (its log-prob included) so that the trainer also learns to stop;
   `finished` is True for those and False for responses cut at `max_new_tokens`.
-- `logprobs[i][t]` is the log-prob of the sampled token under softmax(logits / temperature)
-  over the full vocabulary: the convention the trainer recomputes for its importance ratios.
-  Simplification: with `top_p < 1` the vLLM engine reports vLLM's "processed" log-probs,
-  which are renormalised over the nucleus (larger by -log(nucleus mass) per token) while the
-  HF engine reports the full-vocabulary value; the trainer's truncated IS correction absorbs
-  the difference, and at the default `top_p = 1` both are the same number.
+- `logprobs[i][t]` is the log-prob of the sampled token under the distribution it was drawn
+  from: softmax(logits / temperature), restricted to the top-p nucleus and renormalised when
+  `top_p < 1` (vLLM's "processed" log-probs; the HF engine computes the same), so the IS
+  weights do not depend on the engine. At the default `top_p = 1` it is the full-vocabulary
+  value the trainer recomputes.
 - `temperature == 0` means greedy (tests use it); log-probs are then under the raw logits.
 
 `sync_weights(model)` loads the trainer model's current weights and verifies them; a failed

@@ -160,10 +160,10 @@ def _generation_eos_ids(model) -> list[int]:
 
 
 def _sample(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator):
-    """(token, log-prob under softmax(logits / T) over the full vocabulary) per row.
+    """(token, log-prob under the distribution it was drawn from) per row.
 
-    top-p only restricts which tokens can be drawn; the reported log-prob is deliberately not
-    renormalised over the nucleus (engines/base.py). temperature 0 = greedy, raw-logit log-prob.
+    That is softmax(logits / T), and with top_p < 1 the nucleus renormalised, as vLLM's
+    processed log-probs (engines/base.py). temperature 0 = greedy, raw-logit log-prob.
     """
     if sampling.temperature == 0:
         lp = torch.log_softmax(logits, -1)
@@ -177,5 +177,6 @@ def _sample(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator
         drop = sorted_p.cumsum(-1) - sorted_p >= sampling.top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        lp = lp - sorted_p.sum(-1, keepdim=True).log()  # renormalised over the nucleus
     tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
     return tok, lp.gather(-1, tok[:, None]).squeeze(-1)
