@@ -211,3 +211,11 @@ def test_hf_stops_on_every_generation_config_eos(tiny):
     model.generation_config.eos_token_id = [EOS, first]   # e.g. <|im_end|> and <|endoftext|>
     gen = HFEngine(model, EOS).generate(PROMPTS[:1], greedy)
     assert gen.token_ids == [[first], [first]] and all(gen.finished)
+
+
+def test_unsupported_vllm_version_fails_with_a_clear_message():
+    from trainer.engines.vllm_engine import check_vllm_version
+
+    check_vllm_version("0.32.0")
+    with pytest.raises(RuntimeError, match="weight sync uses vLLM internals"):
+        check_vllm_version("0.33.1")

@@ -41,10 +41,11 @@ def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *
         # autocast: the same bf16 numerics the trainer's forwards use.
         return HFEngine(model, tokenizer, seed=seed, compute_dtype=_DTYPES[dtype])
     if kind == "vllm":
-        from trainer.engines.vllm_engine import VLLMEngine
+        from trainer.engines.vllm_engine import VLLMEngine, size_max_num_seqs
 
+        # Capped: vLLM queues the rest, and the KV cache is sized for max_num_seqs sequences.
         engine = VLLMEngine(model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                            max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib)
+                            max_num_seqs=size_max_num_seqs(max_num_seqs), kv_cache_gib=kv_cache_gib)
         engine.verify(model)
         return engine
     raise ValueError(f"unknown rollout engine {kind!r} (expected 'auto', 'vllm' or 'hf')")

