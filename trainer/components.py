@@ -19,7 +19,8 @@ from trainer import checkpoint
 from trainer.data import PromptStream
 from trainer.engines import make_engine
 from trainer.models import compute_dtype, load_policy, resolve_device
-from trainer.policy import auto_micro_batch_tokens
+from trainer.advantages import ADVANTAGES, AdvantageFn
+from trainer.policy import UpdateConfig, auto_micro_batch_tokens
 from trainer.schedule import StagePlan, plan
 from trainer.spec import JobSpec
 from trainer.tasks import build_task
@@ -60,6 +61,8 @@ class Run:
     eval_ids: list[list[int]]
     micro_batch_tokens: int
     compute_dtype: torch.dtype = torch.float32   # forwards under autocast; weights stay float32
+    update_cfg: UpdateConfig | None = None       # the PPO update's settings, resolved once
+    advantage_fn: AdvantageFn | None = None      # ADVANTAGES[algo.advantage], resolved once
     keep_rate_running: float = 1.0               # dynamic sampling's keep rate, for oversampling
     keep_rounds_seen: int = 0                    # generation rounds that rate is made of
     nonfinite_in_row: int = 0                    # updates skipped in a row (non-finite loss/grad)
@@ -148,4 +151,6 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
                tokenizer=tokenizer, policy=policy, ref=ref, optimizer=optimizer, engine=engine,
                scorer=scorer, stream=PromptStream(range(len(task.train)), spec.seed, state.data_cursor),
                plans=plans, state=state, train_ids=train_ids, eval_ids=eval_ids,
-               micro_batch_tokens=micro, compute_dtype=cdtype)
+               micro_batch_tokens=micro, compute_dtype=cdtype,
+               update_cfg=UpdateConfig.from_spec(spec, cdtype),
+               advantage_fn=ADVANTAGES[spec.algo.advantage])

@@ -70,7 +70,7 @@ def filter_rollouts(rollouts: Rollouts, correct: torch.Tensor | None = None) -> 
     """Keep the samples of informative groups; return them and the filter's statistics.
 
     `correct` ([S] bool) defines "solved" for frac_all_correct / frac_all_wrong; by default
-    a sample is correct when its reward is >= 1 (binary rewards; a full score). With score
+    `rollouts.correct`, else a sample is correct when its reward is >= 1 (binary rewards; a full score). With score
     rewards a constant group of partial credit is dropped but is neither all-correct nor
     all-wrong, so the two fractions need not add up to the dropped share of groups.
 
@@ -81,7 +81,7 @@ def filter_rollouts(rollouts: Rollouts, correct: torch.Tensor | None = None) -> 
     """
     group, rewards = rollouts.group, rollouts.rewards
     if correct is None:
-        correct = rewards >= 1.0
+        correct = rollouts.correct if rollouts.correct is not None else rewards >= 1.0
     sizes = group_sizes(group)
     present = sizes > 0
     solve, wrong = solve_fractions(correct, rewards, group)

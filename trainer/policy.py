@@ -57,6 +57,10 @@ class UpdateConfig:
     grad_clip: float | None = 1.0
     compute_dtype: torch.dtype = torch.float32
 
+    def __post_init__(self) -> None:
+        # Resolved once here (an unknown name fails now), not looked up in every micro-batch.
+        object.__setattr__(self, "kl_fn", KL_ESTIMATORS[self.kl_estimator])
+
     @classmethod
     def from_spec(cls, spec, compute_dtype: torch.dtype = torch.float32) -> "UpdateConfig":
         a = spec.algo
@@ -211,7 +215,7 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
     per_token = weights * pg
     kl = torch.zeros_like(logp)
     if ref_logp is not None:
-        kl = KL_ESTIMATORS[cfg.kl_estimator](logp, _pad_rows(ref_logp, idx, device))
+        kl = cfg.kl_fn(logp, _pad_rows(ref_logp, idx, device))
         per_token = per_token + cfg.kl_coef * kl
     loss = token_sum(per_token, mask) / max(n_tokens, 1)
     loss.backward()

@@ -42,8 +42,9 @@ class Rollouts:
     group: torch.Tensor              # [S] long: prompt (group) index of each sample
     rewards: torch.Tensor            # [S] float
     truncated: torch.Tensor          # [S] bool
+    correct: torch.Tensor | None = None     # [S] bool: the verifier's verdict (pass rate, filter stats)
     advantages: torch.Tensor | None = None  # [S] float, set by trainer.advantages
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-sample tensors, e.g. correct
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # other per-sample tensors
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -58,6 +59,7 @@ class Rollouts:
             group=self.group[idx],
             rewards=self.rewards[idx],
             truncated=self.truncated[idx],
+            correct=None if self.correct is None else self.correct[idx],
             advantages=None if self.advantages is None else self.advantages[idx],
             extras={k: v[idx] for k, v in self.extras.items()},
         )
@@ -77,5 +79,7 @@ def concat_rollouts(parts: list[Rollouts]) -> Rollouts:
         group=torch.cat(groups) if groups else torch.zeros(0, dtype=torch.long),
         rewards=torch.cat([p.rewards for p in parts]) if parts else torch.zeros(0),
         truncated=torch.cat([p.truncated for p in parts]) if parts else torch.zeros(0, dtype=torch.bool),
+        correct=(torch.cat([p.correct for p in parts])
+                 if parts and all(p.correct is not None for p in parts) else None),
         extras=extras,
     )

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.advantages import ADVANTAGES
 from trainer.components import Run
 from trainer.data import mix_seed
 from trainer.filtering import filter_rollouts, solve_fractions
-from trainer.policy import UpdateConfig, ppo_update, sequence_logprobs
+from trainer.policy import ppo_update, sequence_logprobs
 from trainer.rollouts import Rollouts, SamplingConfig, concat_rollouts
 from trainer.schedule import StagePlan, lr_at
 
@@ -81,13 +80,13 @@ def _generate_round(run: Run, plan: StagePlan, step: int, rnd: int, k: int) -> t
                          gen_s=gen_s, score_s=score_s)
     rollouts = Rollouts(prompt_ids=[prompts[g] for g in gen.prompt_index], response_ids=gen.token_ids,
                         engine_logprobs=gen.logprobs, group=group, rewards=rewards,
-                        truncated=torch.tensor(truncated, dtype=torch.bool), extras={"correct": correct})
+                        truncated=torch.tensor(truncated, dtype=torch.bool), correct=correct)
     return rollouts, counts
 
 
 def _add(acc: Collected, rollouts: Rollouts, c: RoundCounts) -> None:
     acc.samples += c.samples
-    acc.correct.append(rollouts.extras["correct"])
+    acc.correct.append(rollouts.correct)
     acc.rewards.append(rollouts.rewards)
     acc.lengths += c.lengths
     acc.truncated += c.truncated
@@ -128,7 +127,7 @@ def collect(run: Run, plan: StagePlan, step: int) -> Collected:
         if not algo.dynamic_sampling:
             parts, have = [rollouts], plan.prompts_per_step
             break
-        kept, stats = filter_rollouts(rollouts, rollouts.extras["correct"])
+        kept, stats = filter_rollouts(rollouts)
         # Running keep rate of groups: a plain mean over the first rounds, then an EMA (so
         # one odd round does not swing the next ask, and the rate can follow training).
         run.keep_rounds_seen += 1
@@ -158,14 +157,14 @@ def update(run: Run, batch: Rollouts, step: int) -> dict[str, float]:
     spec, algo = run.spec, run.spec.algo
     lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
     token_weights = lengths if algo.advantage_whitening == "token" else None
-    batch.advantages = ADVANTAGES[algo.advantage](batch.rewards, batch.group, token_weights)
+    batch.advantages = run.advantage_fn(batch.rewards, batch.group, token_weights)
     temp = spec.rollout.temperature
     mbt, cd = run.micro_batch_tokens, run.compute_dtype
     old = sequence_logprobs(run.policy, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd)
     ref = None
     if run.ref is not None:
         ref = sequence_logprobs(run.ref, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd)
-    cfg = UpdateConfig.from_spec(spec, cd)
+    cfg = run.update_cfg
     gen = torch.Generator().manual_seed(mix_seed(spec.seed, step, 7919))
     stats: list[dict[str, float]] = []
     for chunk in split_mini_batches(len(batch), algo.mini_batches, gen):

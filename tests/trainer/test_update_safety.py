@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
+from trainer.advantages import ADVANTAGES
 from trainer.losses import KL_ESTIMATORS, is_weights, ppo_clip_terms
 from trainer.models import disable_dropout, load_policy
 from trainer.policy import UpdateConfig, ppo_update, sequence_logprobs
@@ -122,7 +123,9 @@ def _fake_run(model, mini_batches=2, max_nonfinite=2):
         "optim": {"max_nonfinite_steps": max_nonfinite}})
     return SimpleNamespace(spec=spec, policy=model, ref=None, micro_batch_tokens=4096,
                            optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
-                           compute_dtype=torch.float32, nonfinite_in_row=0)
+                           compute_dtype=torch.float32, nonfinite_in_row=0,
+                           update_cfg=UpdateConfig.from_spec(spec),
+                           advantage_fn=ADVANTAGES[spec.algo.advantage])
 
 
 def test_update_counts_skips_then_fails_with_a_clear_message():
