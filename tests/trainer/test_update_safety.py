@@ -59,16 +59,43 @@ def test_fp32_master_weights_move_at_lr_1e6_under_bf16_autocast():
     assert frac_bf16 < 0.2, frac_bf16  # a bf16 weight cannot take a 1e-6 step: why fp32 masters
 
 
+def _save_folder(model, folder):
+    """An HF folder load_policy can read: the model and a two-word tokenizer."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    model.save_pretrained(folder)
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "b": 1}, "a")),
+                                  eos_token="b")
+    tok.save_pretrained(folder)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
+    _save_folder(_qwen(), tmp_path)
+    ro = _rollouts(4)
+    grads = []
+    for checkpointing in (False, True):
+        model, _ = load_policy(tmp_path, "bfloat16", "cpu", gradient_checkpointing=checkpointing)
+        assert next(model.parameters()).dtype == torch.float32  # masters stay fp32
+        assert model.is_gradient_checkpointing == checkpointing
+        old = sequence_logprobs(model, ro.prompt_ids, ro.response_ids, 1.0, 4096)
+
+        class Capture:
+            def step(self):
+                grads.append([p.grad.clone() for p in model.parameters()])
+
+            def zero_grad(self, set_to_none=True):
+                model.zero_grad(set_to_none=True)
+
+        ppo_update(model, Capture(), ro, old, None, UpdateConfig(is_band=None, kl_coef=0.0), 4096)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_dropout_is_off_in_train_mode(tmp_path):
     cfg = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64,
                      resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5)
-    GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
-    # A tokenizer is needed by load_policy: reuse GPT-2's layout from a tiny vocab file.
-    from transformers import PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, models
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "b": 1}, "a")),
-                                  eos_token="b")
-    tok.save_pretrained(tmp_path)
+    _save_folder(GPT2LMHeadModel(cfg), tmp_path)
     model, _ = load_policy(tmp_path, "float32", "cpu")
     assert model.training
     ids = torch.randint(0, VOCAB, (2, 10))
