@@ -64,22 +64,3 @@ class StdoutSink(JsonlSink):
     def __init__(self) -> None:
         self._metrics = sys.stdout
         self._events = sys.stdout
-
-
-class FanoutSink:
-    """Sends everything to several sinks."""
-
-    def __init__(self, *sinks: MetricsSink) -> None:
-        self.sinks = sinks
-
-    def metrics(self, step, values):
-        for s in self.sinks:
-            s.metrics(step, values)
-
-    def event(self, type, data):
-        for s in self.sinks:
-            s.event(type, data)
-
-    def checkpoint(self, step, path, nbytes, sha256):
-        for s in self.sinks:
-            s.checkpoint(step, path, nbytes, sha256)
