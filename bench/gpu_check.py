@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.components import make_optimizer  # noqa: E402
 from trainer.engines.hf_engine import HFEngine  # noqa: E402
 from trainer.models import disable_dropout  # noqa: E402
-from trainer.policy import UpdateConfig, ppo_update, sequence_logprobs  # noqa: E402
+from trainer.policy import (UpdateConfig, auto_micro_batch_tokens, ppo_update,  # noqa: E402
+                            sequence_logprobs)
 from trainer.rollouts import Rollouts, SamplingConfig  # noqa: E402
 from trainer.spec import OptimSpec  # noqa: E402
 
@@ -60,7 +61,7 @@ def build_model(size: str, device: torch.device) -> torch.nn.Module:
 
 
 def run(size: str, steps: int, prompts: int, n: int, prompt_len: int, new_tokens: int,
-        mini_batches: int, lr: float, device: torch.device) -> dict:
+        mini_batches: int, lr: float, device: torch.device, micro_batch_tokens: int | None = None) -> dict:
     cdtype = torch.bfloat16
     model = build_model(size, device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -88,7 +89,9 @@ def run(size: str, steps: int, prompts: int, n: int, prompt_len: int, new_tokens
                       advantages=torch.randn(S, generator=g))
         t = time.perf_counter()
         model.train()
-        mbt = 16_384
+        # The trainer's `auto` budget (4 GiB of activations) gives ~900 tokens at this vocab;
+        # an 80-141 GB card takes far more, and MFU needs the larger chunks.
+        mbt = micro_batch_tokens or auto_micro_batch_tokens(model, prompt_len + new_tokens)
         old = sequence_logprobs(model, ro.prompt_ids, ro.response_ids, 1.0, mbt, compute_dtype=cdtype)
         for chunk in torch.tensor_split(torch.randperm(S, generator=g), mini_batches):
             ids = chunk.tolist()
@@ -130,11 +133,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--mini-batches", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--micro-batch-tokens", type=int, default=None,
+                    help="default: 16384 on CUDA, the trainer's auto rule on CPU")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     size = a.size or ("0.5b" if device.type == "cuda" else "tiny")
-    out = run(size, a.steps, a.prompts, a.n, a.prompt_len, a.new_tokens, a.mini_batches, a.lr, device)
+    mbt = a.micro_batch_tokens or (16_384 if device.type == "cuda" else None)
+    out = run(size, a.steps, a.prompts, a.n, a.prompt_len, a.new_tokens, a.mini_batches, a.lr, device, mbt)
     for k, v in out.items():
         print(f"{k:>20}: {v:.4g}" if isinstance(v, float) else f"{k:>20}: {v}")
     if a.json:
