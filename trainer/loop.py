@@ -47,9 +47,10 @@ def _evaluate(run: Run, sink: MetricsSink, step: int) -> dict[str, float]:
 def _checkpoint(run: Run, sink: MetricsSink, step: int) -> Path:
     run.state.step = step
     run.state.data_cursor = run.stream.cursor
-    saved = checkpoint.save(run.out_dir, run.state, run.policy, run.tokenizer, run.optimizer,
-                            run.ref, run.spec.checkpoint.keep_last)
+    saved = checkpoint.save(run.out_dir, run.state, run.policy, run.tokenizer, run.optimizer, run.ref)
     sink.checkpoint(step, saved.path, saved.nbytes, saved.sha256)
+    # Prune after the sink recorded the new one: a listed checkpoint is never missing its files.
+    checkpoint.prune(checkpoint.checkpoints_dir(run.out_dir), run.spec.checkpoint.keep_last)
     return saved.path
 
 

@@ -58,19 +58,33 @@ class StopState:
     """Why a run should stop; written by the heartbeat thread and the sink, read by the loop."""
 
     max_wall_seconds: float
+    lease_seconds: float = float("inf")
+    job_id: str = ""
+    attempt: int = 0
     started: float = field(default_factory=time.monotonic)
+    renewed: float = field(default_factory=time.monotonic)  # last lease renewal that landed
     cancel_requested: bool = False
     fenced: bool = False
     wall_exceeded: bool = False
     shutdown: bool = False
 
     def should_stop(self) -> bool:
+        """True when the run should stop; raises Fenced when the job is no longer ours.
+
+        Raising (rather than returning True) is what keeps a fenced run from saving the
+        checkpoint a stopped run saves on its way out. A lease not renewed for longer than
+        the lease itself counts as lost: the reaper may already have handed the job on.
+        """
+        if time.monotonic() - self.renewed > self.lease_seconds:
+            self.fenced = True
+        if self.fenced:
+            raise Fenced(self.job_id, self.attempt)
         # The wall-clock limit counts from this attempt's claim: a retried job gets a fresh
         # budget (a simplification; the alternative needs the first attempt's start time).
         if time.monotonic() - self.started > self.max_wall_seconds:
             self.wall_exceeded = True
         self.shutdown = self.shutdown or _shutdown.is_set()
-        return self.cancel_requested or self.fenced or self.wall_exceeded or self.shutdown
+        return self.cancel_requested or self.wall_exceeded or self.shutdown
 
 
 class Heartbeat(threading.Thread):
@@ -86,9 +100,11 @@ class Heartbeat(threading.Thread):
     def beat(self) -> None:
         """One renewal; public so tests (and the runner) can beat without waiting."""
         try:
+            sent = time.monotonic()
             with session_scope() as s:
                 if jobs.heartbeat(s, self.job_id, self.attempt, self.lease_seconds):
                     self.state.cancel_requested = True
+            self.state.renewed = sent
         except Fenced:
             log.warning("job %s attempt %s lost its lease", self.job_id, self.attempt)
             self.state.fenced = True
@@ -142,14 +158,16 @@ def _dataset_path(spec: Any, tenant_id: int) -> Path | None:
 
 
 def _finish(job_id: str, attempt: int, status: str, error: str | None = None,
-            tb: str | None = None) -> None:
-    """Record the outcome; a `Fenced` here means someone else owns the job now: say nothing."""
+            tb: str | None = None) -> str | None:
+    """Record the outcome and return the status written (a success after a cancel request is
+    written as cancelled); a `Fenced` here means someone else owns the job now: None."""
     try:
         with session_scope() as s:
-            jobs.finish(s, job_id, attempt, status, error=error,
-                        data={"traceback": tb} if tb is not None else None)
+            return jobs.finish(s, job_id, attempt, status, error=error,
+                               data={"traceback": tb} if tb is not None else None).value
     except Fenced:
         log.warning("job %s attempt %s fenced before finishing as %s", job_id, attempt, status)
+        return None
 
 
 def run_job(job_id: str, settings: Settings | None = None) -> str | None:
@@ -169,7 +187,8 @@ def run_job(job_id: str, settings: Settings | None = None) -> str | None:
     except Exception as exc:  # noqa: BLE001 - a stored spec that no longer validates
         _finish(job_id, attempt, "failed", f"invalid spec: {exc}", traceback.format_exc())
         return "failed"
-    state = StopState(max_wall_seconds=spec.limits.max_wall_seconds)
+    state = StopState(max_wall_seconds=spec.limits.max_wall_seconds,
+                      lease_seconds=settings.lease_seconds, job_id=job_id, attempt=attempt)
     heartbeat = Heartbeat(job_id, attempt, settings, state)
     heartbeat.start()
     try:
@@ -183,9 +202,10 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
     def on_fenced() -> None:
         state.fenced = True
 
-    sink = DbSink(job_id, attempt, on_fenced=on_fenced)
+    sink = DbSink(job_id, attempt, on_fenced=on_fenced, keep_last=spec.checkpoint.keep_last)
     try:
-        out_dir = Path(artifacts.job_dir(settings, job_id))
+        # Per attempt: a stale attempt can neither overwrite nor prune its successor's files.
+        out_dir = artifacts.attempt_dir(settings, job_id, attempt)
         out_dir.mkdir(parents=True, exist_ok=True)
         train = resolve_entrypoint(settings.trainer_entrypoint)
         train(spec, sink, state.should_stop, resume=_resume_dir(job_id),
@@ -197,8 +217,7 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
             return None
         log.exception("job %s failed", job_id)
         message = f"{type(exc).__name__}: {exc}"
-        _finish(job_id, attempt, "failed", message, traceback.format_exc())
-        return "failed"
+        return _finish(job_id, attempt, "failed", message, traceback.format_exc())
     if state.fenced:
         return None
     if state.shutdown and not state.cancel_requested:
@@ -207,13 +226,10 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         log.warning("job %s stopped for worker shutdown; the reaper will requeue it", job_id)
         return None
     if state.cancel_requested:
-        _finish(job_id, attempt, "cancelled")
-        return "cancelled"
+        return _finish(job_id, attempt, "cancelled")
     if state.wall_exceeded:
-        _finish(job_id, attempt, "failed", WALL_LIMIT_ERROR)
-        return "failed"
-    _finish(job_id, attempt, "succeeded")
-    return "succeeded"
+        return _finish(job_id, attempt, "failed", WALL_LIMIT_ERROR)
+    return _finish(job_id, attempt, "succeeded")
 
 
 def reap_and_requeue(enqueue: Callable[[str], None]) -> list[str]:

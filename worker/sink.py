@@ -5,6 +5,11 @@ transaction (or an SQLite write lock) open between steps. Every write carries th
 that claimed the job; once a newer attempt owns the job the store raises `Fenced`, the sink
 reports it through `on_fenced` and re-raises, and the exception unwinds the training loop:
 a worker that lost its lease must stop, not keep writing over its successor.
+
+A checkpoint is recorded in three moves: build its download archive (once, here, so the API
+serves a ready file), record the row (fenced; rows past `keep_last` are deleted in the same
+transaction), then delete the folders no longer recorded. A fenced record deletes the folder
+it was about to register: no file of a stale attempt survives it.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from store import jobs
 from store.db import session_scope
 from store.errors import Fenced
 from store.models import EventType
+from trainer import ckpt_format
 
 log = logging.getLogger(__name__)
 _EVENT_TYPES = frozenset(t.value for t in EventType)
@@ -36,9 +42,11 @@ class DbSink:
 
     def __init__(self, job_id: str, attempt: int,
                  on_fenced: Callable[[], None] | None = None,
-                 uri_for: Callable[[Path], str] | None = None) -> None:
+                 uri_for: Callable[[Path], str] | None = None,
+                 keep_last: int | None = None) -> None:
         self.job_id = job_id
         self.attempt = attempt
+        self.keep_last = keep_last
         self._on_fenced = on_fenced or (lambda: None)
         self._uri_for = uri_for or (lambda path: str(Path(path).resolve()))
 
@@ -63,5 +71,13 @@ class DbSink:
         self._write(jobs.add_event, type, _jsonable(data), attempt=self.attempt)
 
     def checkpoint(self, step: int, path: Path, nbytes: int, sha256: str) -> None:
-        self._write(jobs.record_checkpoint, self.attempt, int(step), self._uri_for(Path(path)),
-                    int(nbytes), sha256)
+        try:
+            ckpt_format.build_archive(Path(path))
+            gone = self._write(jobs.record_checkpoint, self.attempt, int(step),
+                               self._uri_for(Path(path)), int(nbytes), sha256,
+                               keep_last=self.keep_last)
+        except BaseException:
+            ckpt_format.remove(Path(path))  # fenced, disk full...: never a file without a row
+            raise
+        for uri in gone:
+            ckpt_format.remove(Path(uri.removeprefix("file://")))

@@ -11,13 +11,14 @@ A dataset job fails unless `dataset_path` is an existing file (the runner must r
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from trainer import ckpt_format
 
 STEPS = 3
 
@@ -35,19 +36,15 @@ def _options(name: str) -> tuple[float, bool]:
 
 
 def write_checkpoint(out_dir: Path, step: int) -> tuple[Path, int, str]:
-    """A checkpoint folder shaped like an HF save: config + weights; returns (dir, bytes, sha)."""
-    folder = out_dir / "checkpoints" / f"step_{step:06d}"
+    """A checkpoint folder in the trainer's format (`trainer.ckpt_format`): config, weights,
+    state and manifest; returns (dir, bytes, digest)."""
+    folder = Path(out_dir) / "checkpoints" / ckpt_format.folder_name(step)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "fake", "step": step}))
     (folder / "model.safetensors").write_bytes(bytes(range(256)) * 8)
     (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
-    digest = hashlib.sha256()
-    nbytes = 0
-    for path in sorted(folder.iterdir()):
-        data = path.read_bytes()
-        digest.update(path.name.encode() + b"\0" + data)
-        nbytes += len(data)
-    return folder, nbytes, digest.hexdigest()
+    nbytes, digest = ckpt_format.write_manifest(folder)
+    return folder, nbytes, digest
 
 
 def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = None, *,
