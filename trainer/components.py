@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -22,6 +23,7 @@ from trainer.models import load_policy, resolve_device
 from trainer.policy import auto_micro_batch_tokens
 from trainer.schedule import StagePlan, plan
 from trainer.spec import JobSpec
+from trainer.stop import never
 from trainer.tasks import build_task
 from trainer.tasks.base import Task
 from trainer.tasks.prompts import render_prompt, target_completion
@@ -49,6 +51,7 @@ class Run:
     train_ids: list[list[int]]     # tokenised prompt of each training example
     eval_ids: list[list[int]]
     micro_batch_tokens: int
+    stop_check: Callable[[], None] = never  # raises StopRequested inside long phases
 
     def close(self) -> None:
         self.scorer.close()
@@ -70,7 +73,7 @@ def tiny_model_key(spec: JobSpec) -> str:
     return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer) -> Path:
+def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Callable[[], None]) -> Path:
     """Build (or reuse) the built-in tiny model, warm-started on this task's training split."""
     from trainer.tiny_model import ensure_tiny_model
 
@@ -86,7 +89,7 @@ def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer) -> Path:
         return scorer.score(completions, exs, [False] * len(exs)).correct
 
     return ensure_tiny_model(cache_dir() / "models", key, seed=spec.seed, sft_pairs=pairs,
-                             score_fn=score_fn, eval_prompts=probe_prompts)
+                             score_fn=score_fn, eval_prompts=probe_prompts, stop_check=stop_check)
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -95,12 +98,17 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=special)["input_ids"] for t in texts]
 
 
-def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None) -> Run:
+def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
+              stop_check: Callable[[], None] = never) -> Run:
     torch.manual_seed(spec.seed)
     device = resolve_device()
     task = build_task(spec.task, spec.seed, dataset_path)
     scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
-    model_dir = _tiny_model_dir(spec, task, scorer) if spec.model.path == TINY else Path(spec.model.path)
+    try:
+        model_dir = _tiny_model_dir(spec, task, scorer, stop_check) if spec.model.path == TINY else Path(spec.model.path)
+    except BaseException:  # a stop during the warm start: the scorer's processes go too
+        scorer.close()
+        raise
     source = Path(resume) if resume else model_dir
     policy, tokenizer = load_policy(source, spec.model.dtype, device)
     ref = None
@@ -132,4 +140,4 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
                tokenizer=tokenizer, policy=policy, ref=ref, optimizer=optimizer, engine=engine,
                scorer=scorer, stream=PromptStream(range(len(task.train)), spec.seed, state.data_cursor),
                plans=plans, state=state, train_ids=train_ids, eval_ids=eval_ids,
-               micro_batch_tokens=micro)
+               micro_batch_tokens=micro, stop_check=stop_check)
