@@ -168,9 +168,15 @@ def request_cancel(s: Session, tenant_id: int, job_id: str) -> Job:
                 _event(s, job_id, EventType.cancel_requested)
                 _event(s, job_id, EventType.cancelled, reason="cancelled while queued")
         elif job.status == JobStatus.running:
-            done = job.cancel_requested or _cas(
-                s, job_id, JobStatus.running, cancel_requested=True, updated_at=now)
-            if done and not job.cancel_requested:
+            # Only the request that flips the flag logs the event: concurrent cancels of one
+            # job write one `cancel_requested` (the others' compare-and-set misses).
+            first = not job.cancel_requested and s.execute(
+                update(Job).where(Job.id == job_id, Job.status == JobStatus.running,
+                                  Job.cancel_requested.is_(False))
+                .values(cancel_requested=True, updated_at=now).execution_options(**_NO_SYNC)
+            ).rowcount == 1
+            done = job.cancel_requested or first
+            if first:
                 _event(s, job_id, EventType.cancel_requested, attempt=job.attempt)
         else:
             raise InvalidTransition(job.status, f"cannot cancel job {job_id}: it is already "

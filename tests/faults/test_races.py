@@ -1,0 +1,107 @@
+"""Races and stale writers on real PostgreSQL (no broker needed): the database decides."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from store import jobs
+from store.db import session_scope
+from store.errors import Fenced
+from store.models import Job, JobEvent, JobStatus
+from tests.faults.conftest import wait_for
+from tests.faults.test_worker_faults import assert_consistent, event_types, job
+from worker import runner
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
+
+
+def _tenant_id() -> int:
+    from store import keys
+
+    with session_scope() as s:
+        return keys.create_tenant(s, "acme").id
+
+
+def _expire(job_id: str) -> None:
+    with session_scope() as s:
+        s.query(Job).filter_by(id=job_id).update({"lease_expires_at": job(job_id).created_at})
+
+
+def test_cancel_landing_mid_reap_cancels_instead_of_requeueing(stack):
+    job_id = stack.submit("fake")
+    with session_scope() as s:
+        jobs.claim(s, job_id, "dead-worker", lease_seconds=60)
+    _expire(job_id)
+    tenant = _tenant_id()
+    reaped: dict = {}
+    # The cancel's transaction holds the job's row lock while the reaper reads (flag still
+    # false) and then tries its compare-and-set, which must miss once the cancel commits.
+    with session_scope() as cancel:
+        jobs.request_cancel(cancel, tenant, job_id)
+        reaper = threading.Thread(target=lambda: reaped.update(ids=_reap()))
+        reaper.start()
+        time.sleep(0.5)
+        assert reaper.is_alive()  # blocked on the row lock
+    reaper.join(10)
+    assert reaped["ids"] == []  # not requeued
+    assert job(job_id).status == JobStatus.cancelled
+    assert event_types(job_id)[-2:] == ["cancel_requested", "cancelled"]
+
+
+def _reap() -> list[str]:
+    with session_scope() as s:
+        return jobs.reap_expired(s)
+
+
+def test_cancel_racing_cancel_and_completion(stack):
+    job_id = stack.submit("fake")
+    with session_scope() as s:
+        claim = jobs.claim(s, job_id, "w", lease_seconds=60)
+    tenant = _tenant_id()
+    threads = [threading.Thread(target=lambda: _cancel(tenant, job_id)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert event_types(job_id).count("cancel_requested") == 1
+    with session_scope() as s:  # the worker completes the last step after the request
+        assert jobs.finish(s, job_id, claim.attempt, "succeeded") == JobStatus.cancelled
+    assert job(job_id).status == JobStatus.cancelled
+
+
+def _cancel(tenant: int, job_id: str) -> None:
+    with session_scope() as s:
+        jobs.request_cancel(s, tenant, job_id)
+
+
+def test_stale_attempt_leaves_no_row_and_no_file(stack):
+    job_id = stack.submit("fake sleep=0.6 ckpt")
+    result: dict = {}
+    stale = threading.Thread(target=lambda: result.update(status=runner.run_job(job_id)))
+    stale.start()
+    wait_for(lambda: job(job_id).step >= 1, 30, "step 1")
+    _expire(job_id)  # as if its heartbeats had stopped landing
+    assert _reap() == [job_id]
+    with session_scope() as s:
+        assert jobs.claim(s, job_id, "new-owner", 60).attempt == 2
+    stale.join(30)
+    assert result["status"] is None  # the stale attempt wrote no outcome
+    row = job(job_id)
+    assert (row.status, row.attempt, row.lease_owner) == (JobStatus.running, 2, "new-owner")
+    with session_scope() as s:
+        events = s.query(JobEvent).filter_by(job_id=job_id).order_by(JobEvent.id).all()
+        takeover = max(e.id for e in events if e.type.value == "started")
+        late = [e for e in events if e.id > takeover]
+    assert all(e.data.get("attempt") == 2 for e in late), [(e.type, e.data) for e in late]
+    assert_consistent(job_id, Path(stack.env["BRORL_DATA_DIR"]) / "artifacts")
+
+
+def test_a_lease_not_renewed_for_a_whole_lease_stops_the_run():
+    state = runner.StopState(max_wall_seconds=100, lease_seconds=2, job_id="j", attempt=1)
+    assert state.should_stop() is False
+    state.renewed -= 3  # the database did not answer for longer than the lease
+    with pytest.raises(Fenced):
+        state.should_stop()
