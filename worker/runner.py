@@ -8,10 +8,13 @@ be tested without a broker. One run, top to bottom:
    returns at once.
 2. a heartbeat thread renews the lease every `heartbeat_seconds` and brings back the
    job's `cancel_requested` flag; when the store answers `Fenced` (a newer attempt owns the
-   job) it stops renewing and the run must stop too.
+   job), or no renewal has landed for a whole lease, the run must stop.
 3. `train(spec, DbSink, should_stop, resume=..., out_dir=..., dataset_path=...)`, where
-   `should_stop` turns true on cancel, on fencing and past `limits.max_wall_seconds`.
-4. finish: succeeded, cancelled (stopped by a cancel), or failed (an exception, with a
+   `should_stop` turns true on cancel and past `limits.max_wall_seconds`, and raises `Fenced`
+   once the job is not ours (so a fenced run saves nothing on its way out). `out_dir` is
+   this attempt's own folder (`jobs/<id>/attempt-<n>`): attempts never share files.
+4. finish: succeeded (cancelled if a cancel was requested meanwhile), cancelled (stopped by
+   a cancel), or failed (an exception, with a
    `failed` event carrying the traceback, or the wall-clock limit). A fenced run writes
    nothing: the job is no longer ours. A run stopped because the worker is shutting down
    writes nothing either: the lease runs out and the reaper requeues the job.
