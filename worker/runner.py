@@ -205,7 +205,8 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
     def on_fenced() -> None:
         state.fenced = True
 
-    sink = DbSink(job_id, attempt, on_fenced=on_fenced, keep_last=spec.checkpoint.keep_last)
+    sink = DbSink(job_id, attempt, on_fenced=on_fenced, keep_last=spec.checkpoint.keep_last,
+                  retry_seconds=settings.lease_seconds)
     try:
         # Per attempt: a stale attempt can neither overwrite nor prune its successor's files.
         out_dir = artifacts.attempt_dir(settings, job_id, attempt)

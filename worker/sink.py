@@ -14,8 +14,11 @@ it was about to register: no file of a stale attempt survives it.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable
+
+from sqlalchemy.exc import OperationalError
 
 from store import jobs
 from store.db import session_scope
@@ -43,17 +46,31 @@ class DbSink:
     def __init__(self, job_id: str, attempt: int,
                  on_fenced: Callable[[], None] | None = None,
                  uri_for: Callable[[Path], str] | None = None,
-                 keep_last: int | None = None) -> None:
+                 keep_last: int | None = None, retry_seconds: float = 0.0) -> None:
         self.job_id = job_id
         self.attempt = attempt
         self.keep_last = keep_last
+        self.retry_seconds = retry_seconds
         self._on_fenced = on_fenced or (lambda: None)
         self._uri_for = uri_for or (lambda path: str(Path(path).resolve()))
 
     def _write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One write in its own transaction; a lost database connection is retried with
+        backoff for up to `retry_seconds` (the trainer waits: no metric is dropped). Every
+        write is an upsert or a fenced append, so a retry cannot fork the job's history;
+        past the lease the write answers `Fenced` anyway once the database is back."""
+        deadline, pause = time.monotonic() + self.retry_seconds, 0.2
         try:
-            with session_scope() as s:
-                return fn(s, self.job_id, *args, **kwargs)
+            while True:
+                try:
+                    with session_scope() as s:
+                        return fn(s, self.job_id, *args, **kwargs)
+                except OperationalError:
+                    if time.monotonic() + pause > deadline:
+                        raise
+                    log.warning("job %s: database unavailable; retrying in %.1f s", self.job_id, pause)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 5.0)
         except Fenced:
             log.warning("job %s attempt %s was fenced off; stopping", self.job_id, self.attempt)
             self._on_fenced()

@@ -105,3 +105,36 @@ def test_a_lease_not_renewed_for_a_whole_lease_stops_the_run():
     state.renewed -= 3  # the database did not answer for longer than the lease
     with pytest.raises(Fenced):
         state.should_stop()
+
+
+def test_database_dropped_mid_job_loses_no_metric(stack, pg_url, monkeypatch, caplog):
+    from sqlalchemy import create_engine, text
+
+    from store.settings import reset_settings_cache
+
+    monkeypatch.setenv("BRORL_LEASE_SECONDS", "8")  # the outage (2 s) is shorter than a lease
+    reset_settings_cache()
+    job_id = stack.submit("fake sleep=0.8")
+    result: dict = {}
+    run = threading.Thread(target=lambda: result.update(status=runner.run_job(job_id)))
+    run.start()
+    wait_for(lambda: job(job_id).step >= 1, 30, "step 1")
+    name = pg_url.rsplit("/", 1)[1]
+    admin = create_engine(pg_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:  # refuse new connections and cut the open ones
+        c.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+        c.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE datname = :n AND pid <> pg_backend_pid()"), {"n": name})
+        time.sleep(2)
+        c.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+    admin.dispose()
+    run.join(60)
+    assert result["status"] == "succeeded"
+    assert "database unavailable; retrying" in caplog.text  # the outage did hit a write
+    row = job(job_id)
+    assert (row.status, row.attempt) == (JobStatus.succeeded, 1)
+    assert_consistent(job_id, Path(stack.env["BRORL_DATA_DIR"]) / "artifacts")
+    with session_scope() as s:
+        from store.models import Metric
+
+        assert [m.step for m in s.query(Metric).filter_by(job_id=job_id).order_by(Metric.step)] == [1, 2, 3]
