@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shutil
 import threading
 import time
 import traceback
@@ -33,7 +34,9 @@ from typing import Any, Callable
 from store import artifacts, datasets, jobs
 from store.db import session_scope
 from store.errors import Fenced
+from store.models import Checkpoint
 from store.settings import Settings, get_settings
+from trainer import ckpt_format
 from worker.sink import DbSink
 
 log = logging.getLogger(__name__)
@@ -144,6 +147,21 @@ def _resume_dir(job_id: str) -> Path | None:
     return path if path.exists() else None
 
 
+def _sweep_earlier_attempts(settings: Settings, job_id: str, attempt: int) -> None:
+    """Delete what earlier attempts left on disk without a row: temp folders and unrecorded
+    checkpoints of a worker that crashed mid-save. Those attempts are fenced for good (only
+    this one may write), so nothing they left can still become a recorded checkpoint."""
+    with session_scope() as s:
+        recorded = {Path(c.uri) for c in s.query(Checkpoint).filter_by(job_id=job_id)}
+    for n in range(1, attempt):
+        root = artifacts.attempt_dir(settings, job_id, n) / "checkpoints"
+        for path in root.glob("*") if root.is_dir() else []:
+            if path.name.startswith(".tmp-"):
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.is_dir() and path.resolve() not in recorded and path not in recorded:
+                ckpt_format.remove(path)
+
+
 def _dataset_path(spec: Any, tenant_id: int) -> Path | None:
     """The uploaded JSONL of a dataset task, checked to belong to the job's tenant.
 
@@ -211,6 +229,7 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         # Per attempt: a stale attempt can neither overwrite nor prune its successor's files.
         out_dir = artifacts.attempt_dir(settings, job_id, attempt)
         out_dir.mkdir(parents=True, exist_ok=True)
+        _sweep_earlier_attempts(settings, job_id, attempt)
         train = resolve_entrypoint(settings.trainer_entrypoint)
         train(spec, sink, state.should_stop, resume=_resume_dir(job_id),
               out_dir=out_dir, dataset_path=_dataset_path(spec, tenant_id))

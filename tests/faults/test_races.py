@@ -138,3 +138,26 @@ def test_database_dropped_mid_job_loses_no_metric(stack, pg_url, monkeypatch, ca
         from store.models import Metric
 
         assert [m.step for m in s.query(Metric).filter_by(job_id=job_id).order_by(Metric.step)] == [1, 2, 3]
+
+
+def test_leftovers_of_a_crash_mid_checkpoint_are_swept_by_the_next_attempt(stack):
+    from store import artifacts
+    from store.settings import get_settings
+    from tests.worker.fake_trainer import write_checkpoint
+
+    job_id = stack.submit("fake")
+    with session_scope() as s:
+        first = jobs.claim(s, job_id, "dies-mid-save", lease_seconds=60).attempt
+    out = artifacts.attempt_dir(get_settings(), job_id, first)
+    recorded, nbytes, digest = write_checkpoint(out, 1)
+    with session_scope() as s:
+        jobs.record_metrics(s, job_id, first, 1, {"loss": 1.0})
+        jobs.record_checkpoint(s, job_id, first, 1, str(recorded), nbytes, digest)
+    # What SIGKILL during trainer.checkpoint.save leaves: a temp folder, or (killed between the
+    # rename and the record) a complete folder without a row.
+    (out / "checkpoints" / ".tmp-step-00000002-dead").mkdir()
+    write_checkpoint(out, 2)
+    _expire(job_id)
+    assert _reap() == [job_id]
+    assert runner.run_job(job_id) == "succeeded"
+    assert_consistent(job_id, Path(stack.env["BRORL_DATA_DIR"]) / "artifacts")
