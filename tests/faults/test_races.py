@@ -161,3 +161,24 @@ def test_leftovers_of_a_crash_mid_checkpoint_are_swept_by_the_next_attempt(stack
     assert _reap() == [job_id]
     assert runner.run_job(job_id) == "succeeded"
     assert_consistent(job_id, Path(stack.env["BRORL_DATA_DIR"]) / "artifacts")
+
+
+def test_lease_times_come_from_the_database_clock(stack, monkeypatch):
+    from datetime import timedelta
+
+    from sqlalchemy import func, select
+
+    from store import jobs as store_jobs
+    from store.models import utcnow
+
+    job_id = stack.submit("fake")
+    # A worker (and reaper) whose clock runs an hour ahead of the database server.
+    monkeypatch.setattr(store_jobs, "utcnow", lambda: utcnow() + timedelta(hours=1))
+    with session_scope() as s:
+        store_jobs.claim(s, job_id, "w", lease_seconds=60)
+    with session_scope() as s:
+        db_now = s.scalar(select(func.now()))
+    left = (job(job_id).lease_expires_at - db_now).total_seconds()
+    assert 50 < left <= 60  # not 3660: the lease is 60 s of the database's time
+    assert _reap() == []  # the skewed reaper does not see it as expired either
+    assert job(job_id).status == JobStatus.running
