@@ -14,16 +14,14 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.worker.conftest import FAKE_ENTRYPOINT, make_spec
+from tests.worker.conftest import FAKE_ENTRYPOINT, fresh_pg_database, make_spec
 
 REPO = Path(__file__).resolve().parents[2]
-PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
 
 
 def free_port() -> int:
@@ -80,26 +78,11 @@ class RedisServer:
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
-    import psycopg
-
-    try:
-        admin = psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable on 127.0.0.1:5432: {exc}")
-    name = f"brorl_faults_{uuid.uuid4().hex[:10]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     from store.migrate import upgrade
 
-    upgrade(url)
-    try:
+    with fresh_pg_database("brorl_faults") as url:
+        upgrade(url)
         yield url
-    finally:
-        from store.db import reset_engine_cache
-
-        reset_engine_cache()
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 @pytest.fixture(scope="module")
