@@ -81,8 +81,18 @@ def worker_argv(queues: str, beat: bool, pool: str, concurrency: int, loglevel: 
     return argv
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when `brorl up` dies, even by
+    SIGKILL, so the worker never lives on as an orphan holding a job's lease."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _spawn(argv: list[str], **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(argv, start_new_session=True, **kwargs)
+    return subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent, **kwargs)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

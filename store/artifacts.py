@@ -1,8 +1,11 @@
 """Where files live under the artifact dir, and how they are written safely.
 
 Layout (the database stores absolute paths, so moving the dir means a migration of uris):
-    {artifact_dir}/jobs/{job_id}/...            checkpoints and anything else a job writes
-    {artifact_dir}/datasets/{dataset_id}.jsonl  uploaded datasets
+    {artifact_dir}/jobs/{job_id}/attempt-{n}/...  what attempt n of a job writes (checkpoints)
+    {artifact_dir}/datasets/{dataset_id}.jsonl    uploaded datasets
+Each attempt writes only into its own folder: a worker that lost its lease (fenced) and has
+not noticed yet can never overwrite or prune the files of the attempt that took the job over.
+The checkpoint folder's name, manifest and archive are defined in `trainer.ckpt_format`.
 """
 
 from __future__ import annotations
@@ -14,17 +17,22 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from store.settings import Settings
+from trainer import ckpt_format
 
-_CHUNK = 1024 * 1024
 
 
 def job_dir(settings: Settings, job_id: str) -> Path:
     return settings.artifact_dir / "jobs" / job_id
 
 
-def checkpoint_dir(settings: Settings, job_id: str, step: int) -> Path:
-    """The folder for one checkpoint; zero-padded so a listing sorts by step."""
-    return job_dir(settings, job_id) / "checkpoints" / f"step_{step:08d}"
+def attempt_dir(settings: Settings, job_id: str, attempt: int) -> Path:
+    """The trainer's `out_dir` for one attempt of a job."""
+    return job_dir(settings, job_id) / f"attempt-{attempt}"
+
+
+def checkpoint_dir(settings: Settings, job_id: str, attempt: int, step: int) -> Path:
+    """Where attempt `attempt` writes the checkpoint of `step` (see trainer.checkpoint)."""
+    return attempt_dir(settings, job_id, attempt) / "checkpoints" / ckpt_format.folder_name(step)
 
 
 def dataset_path(settings: Settings, dataset_id: str) -> Path:
@@ -66,18 +74,3 @@ def write_atomic(path: Path, chunks: Iterable[bytes]) -> tuple[int, str]:
     _fsync_dir(path.parent)
     return nbytes, digest.hexdigest()
 
-
-def folder_digest(folder: Path) -> tuple[int, str]:
-    """(total bytes, sha256) of a folder: files hashed in sorted relative-path order, each
-    as its path, a NUL, its size and its content, so renames and moves change the digest."""
-    folder = Path(folder)
-    digest = hashlib.sha256()
-    total = 0
-    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
-        size = file.stat().st_size
-        total += size
-        digest.update(f"{file.relative_to(folder).as_posix()}\0{size}\0".encode())
-        with file.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
-    return total, digest.hexdigest()

@@ -60,9 +60,13 @@ def latest_checkpoint(s: Session, job_id: str) -> Checkpoint | None:
     query = select(Checkpoint).where(Checkpoint.job_id == job_id)
     return s.scalar(query.order_by(Checkpoint.step.desc()).limit(1))
 
-def list_checkpoints(s: Session, tenant_id: int, job_id: str) -> list[Checkpoint]:
+def list_checkpoints(s: Session, tenant_id: int, job_id: str, after: int | None = None,
+                     limit: int | None = None) -> list[Checkpoint]:
+    """Checkpoints by ascending step, those after step `after`, at most `limit` of them."""
     query = _scoped(select(Checkpoint), Checkpoint, tenant_id, job_id)
-    return list(s.scalars(query.order_by(Checkpoint.step)))
+    if after is not None:
+        query = query.where(Checkpoint.step > after)
+    return list(s.scalars(query.order_by(Checkpoint.step).limit(limit)))
 
 def get_checkpoint(s: Session, tenant_id: int, job_id: str, step: int) -> Checkpoint | None:
     query = _scoped(select(Checkpoint), Checkpoint, tenant_id, job_id)

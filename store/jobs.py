@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, literal, select, update
+from sqlalchemy import delete, func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -77,6 +77,15 @@ def spec_hash(spec: dict[str, Any]) -> str:
     """sha256 of the spec's canonical JSON (sorted keys, no spaces): the idempotency body."""
     canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _lease_now(s: Session) -> Any:
+    """"Now" for lease times: the database's clock on PostgreSQL, so that a worker whose clock
+    drifts cannot make its lease look longer or shorter to the reaper (every lease time is
+    written and compared by the one server). SQLite has no server: it is one machine's clock."""
+    if s.get_bind().dialect.name == "postgresql":
+        return func.now()
+    return utcnow()
 
 
 def _event(s: Session, job_id: str, type_: EventType, **data: Any) -> JobEvent:
@@ -159,9 +168,15 @@ def request_cancel(s: Session, tenant_id: int, job_id: str) -> Job:
                 _event(s, job_id, EventType.cancel_requested)
                 _event(s, job_id, EventType.cancelled, reason="cancelled while queued")
         elif job.status == JobStatus.running:
-            done = job.cancel_requested or _cas(
-                s, job_id, JobStatus.running, cancel_requested=True, updated_at=now)
-            if done and not job.cancel_requested:
+            # Only the request that flips the flag logs the event: concurrent cancels of one
+            # job write one `cancel_requested` (the others' compare-and-set misses).
+            first = not job.cancel_requested and s.execute(
+                update(Job).where(Job.id == job_id, Job.status == JobStatus.running,
+                                  Job.cancel_requested.is_(False))
+                .values(cancel_requested=True, updated_at=now).execution_options(**_NO_SYNC)
+            ).rowcount == 1
+            done = job.cancel_requested or first
+            if first:
                 _event(s, job_id, EventType.cancel_requested, attempt=job.attempt)
         else:
             raise InvalidTransition(job.status, f"cannot cancel job {job_id}: it is already "
@@ -188,7 +203,7 @@ def claim(s: Session, job_id: str, worker_id: str, lease_seconds: float) -> Clai
     another worker already holds. That single UPDATE ... WHERE status='queued' RETURNING is
     the whole race: exactly one caller gets a row back.
     """
-    now = utcnow()
+    now, lease_now = utcnow(), _lease_now(s)
     stmt = (
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.queued)
@@ -196,8 +211,8 @@ def claim(s: Session, job_id: str, worker_id: str, lease_seconds: float) -> Clai
             status=JobStatus.running,
             attempt=Job.attempt + 1,
             lease_owner=worker_id,
-            lease_expires_at=now + timedelta(seconds=lease_seconds),
-            heartbeat_at=now,
+            lease_expires_at=lease_now + timedelta(seconds=lease_seconds),
+            heartbeat_at=lease_now,
             started_at=func.coalesce(Job.started_at, literal(now, UTCDateTime())),
             updated_at=now,
         )
@@ -235,7 +250,7 @@ def _fenced_update(s: Session, job_id: str, attempt: int, **values: Any) -> bool
 
 def heartbeat(s: Session, job_id: str, attempt: int, lease_seconds: float) -> bool:
     """Renew the lease; returns whether a cancel was requested. Raises Fenced."""
-    now = utcnow()
+    now = _lease_now(s)
     return _fenced_update(s, job_id, attempt, heartbeat_at=now,
                           lease_expires_at=now + timedelta(seconds=lease_seconds))
 
@@ -281,36 +296,61 @@ def add_event(
 
 
 def record_checkpoint(
-    s: Session, job_id: str, attempt: int, step: int, uri: str, nbytes: int, sha256: str
-) -> None:
-    """Register a saved checkpoint folder (replacing one at the same step) and log it."""
+    s: Session, job_id: str, attempt: int, step: int, uri: str, nbytes: int, sha256: str,
+    keep_last: int | None = None,
+) -> list[str]:
+    """Register a saved checkpoint folder (replacing one at the same step) and log it.
+
+    With `keep_last`, the rows of all but the newest `keep_last` checkpoints are deleted too.
+    Returns the uris no longer recorded (those rows, and the folder a same-step row pointed
+    at): the caller deletes those folders after committing, so a listed checkpoint always
+    has its files and no file outlives its row.
+    """
     _fenced_update(s, job_id, attempt)
+    replaced = s.scalar(select(Checkpoint.uri).where(Checkpoint.job_id == job_id,
+                                                      Checkpoint.step == step))
     _upsert(s, Checkpoint, ["job_id", "step"], {
         "job_id": job_id, "step": step, "uri": uri, "bytes": nbytes, "sha256": sha256,
         "created_at": utcnow(),
     })
-    _event(s, job_id, EventType.checkpoint_saved, step=step, uri=uri, bytes=nbytes,
-           sha256=sha256, attempt=attempt)
+    # No path in the event: events are shown to users, the uri is the server's business.
+    _event(s, job_id, EventType.checkpoint_saved, step=step, bytes=nbytes, sha256=sha256,
+           attempt=attempt)
+    gone = [replaced] if replaced and replaced != uri else []
+    if keep_last is not None:
+        kept = select(Checkpoint.step).where(Checkpoint.job_id == job_id) \
+            .order_by(Checkpoint.step.desc()).limit(keep_last)
+        old = s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id,
+                                                 Checkpoint.step.not_in(kept))
+                        .returning(Checkpoint.uri).execution_options(**_NO_SYNC)).scalars().all()
+        gone += [u for u in old if u != uri]
+    return gone
 
 
 def finish(
     s: Session, job_id: str, attempt: int, status: JobStatus | str, error: str | None = None,
     data: dict[str, Any] | None = None,
-) -> None:
+) -> JobStatus:
     """End the attempt with succeeded | failed | cancelled, log it and drop the lease.
 
-    `data` is merged into the terminal event (the runner puts a failure's traceback there).
+    A run that succeeds after a cancel was requested ends `cancelled`: the user asked for it
+    to stop, and the last step racing the cancel must not turn that into a success. Returns
+    the status written. `data` is merged into the terminal event (e.g. the error's message).
     """
     status = JobStatus(status)
     if status not in TERMINAL_STATUSES:
         raise ValueError(f"finish() needs a final status, got {status.value}")
     now = utcnow()
+    # The first fenced UPDATE row-locks the job (Postgres) so the flag read cannot go stale.
+    if status == JobStatus.succeeded and _fenced_update(s, job_id, attempt):
+        status = JobStatus.cancelled
     _fenced_update(s, job_id, attempt, status=status, error=error, finished_at=now,
                    lease_owner=None, lease_expires_at=None)
     payload: dict[str, Any] = {**(data or {}), "attempt": attempt}
     if error is not None:
         payload["error"] = error
     _event(s, job_id, EventType(status.value), **payload)
+    return status
 
 
 def _max_attempts(spec: dict[str, Any]) -> int:
@@ -337,35 +377,56 @@ def reap_expired(s: Session, now: datetime | None = None) -> list[str]:
     Below spec.limits.max_attempts the job goes back to queued (event `retried`) and its id is
     returned for the caller to re-enqueue after committing; at the limit it fails. A job whose
     cancel was requested is cancelled instead. Each change is a compare-and-set on
-    (status, attempt, lease), so two reapers, or a heartbeat that just renewed, cannot both win.
+    (status, attempt, lease, cancel flag), so two reapers, a heartbeat that just renewed, or a
+    cancel landing between our read and our write cannot be overwritten: a cancel that lands
+    mid-reap makes the guard miss, and the job is read again and cancelled, never requeued.
+    `now` defaults to the database's clock on PostgreSQL (see `_lease_now`).
     """
-    now = now or utcnow()
+    clock = now if now is not None else _lease_now(s)
     expired = s.execute(
-        select(Job.id, Job.attempt, Job.spec, Job.cancel_requested)
-        .where(Job.status == JobStatus.running, Job.lease_expires_at < now)
+        select(Job.id).where(Job.status == JobStatus.running, Job.lease_expires_at < clock)
         .order_by(Job.id)
-    ).all()
+    ).scalars().all()
     requeued: list[str] = []
-    for job_id, attempt, spec, cancel_requested in expired:
-        guard = update(Job).where(
-            Job.id == job_id, Job.status == JobStatus.running, Job.attempt == attempt,
-            Job.lease_expires_at < now,
-        ).execution_options(**_NO_SYNC)
-        release = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
-        if cancel_requested:
-            values, event, data = ({"status": JobStatus.cancelled, "finished_at": now},
-                                   EventType.cancelled, {"reason": "lease expired"})
-        elif attempt < _max_attempts(spec):
-            values, event, data = ({"status": JobStatus.queued}, EventType.retried,
-                                   {"reason": "lease expired"})
-        else:
-            error = f"lease expired after {attempt} attempts"
-            values, event, data = ({"status": JobStatus.failed, "finished_at": now,
-                                    "error": error}, EventType.failed, {"error": error})
-        if s.execute(guard.values(**values, **release)).rowcount != 1:
-            continue
-        _event(s, job_id, event, attempt=attempt, **data)
-        if event == EventType.retried:
-            requeued.append(job_id)
+    for job_id in expired:
+        for _ in range(3):  # a miss means the row changed under us: look again
+            outcome = _reap_one(s, job_id, clock)
+            if outcome is not None:
+                if outcome == EventType.retried:
+                    requeued.append(job_id)
+                break
     s.flush()
     return requeued
+
+
+def _reap_one(s: Session, job_id: str, clock: Any) -> EventType | str | None:
+    """One compare-and-set for one expired job: its event type, "" if nothing is left to
+    reap (renewed, finished), None if it changed between the read and the write."""
+    row = s.execute(
+        select(Job.attempt, Job.spec, Job.cancel_requested)
+        .where(Job.id == job_id, Job.status == JobStatus.running, Job.lease_expires_at < clock)
+        .execution_options(**_FRESH)
+    ).one_or_none()
+    if row is None:
+        return ""
+    attempt, spec, cancel_requested = row
+    now = utcnow()
+    guard = update(Job).where(
+        Job.id == job_id, Job.status == JobStatus.running, Job.attempt == attempt,
+        Job.lease_expires_at < clock, Job.cancel_requested == cancel_requested,
+    ).execution_options(**_NO_SYNC)
+    release = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
+    if cancel_requested:
+        values, event, data = ({"status": JobStatus.cancelled, "finished_at": now},
+                               EventType.cancelled, {"reason": "lease expired"})
+    elif attempt < _max_attempts(spec):
+        values, event, data = ({"status": JobStatus.queued}, EventType.retried,
+                               {"reason": "lease expired"})
+    else:
+        error = f"lease expired after {attempt} attempts"
+        values, event, data = ({"status": JobStatus.failed, "finished_at": now,
+                                "error": error}, EventType.failed, {"error": error})
+    if s.execute(guard.values(**values, **release)).rowcount != 1:
+        return None
+    _event(s, job_id, event, attempt=attempt, **data)
+    return event

@@ -10,12 +10,12 @@ Layout of `<out_dir>/checkpoints/step-00000012/`:
   manifest.json                       sha256 and size of every file above
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash
 never leaves a half-written `step-*` folder; `load_state` re-checks the manifest anyway.
+Names, manifest, digest and archive are defined once, torch-free, in `trainer.ckpt_format`.
 """
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
-import os
 import random
 import shutil
 import uuid
@@ -26,11 +26,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
-PREFIX = "step-"
+from trainer import ckpt_format
+from trainer.ckpt_format import CheckpointError, list_checkpoints, verify  # noqa: F401 - re-exported
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing files or does not match its manifest."""
+PREFIX = ckpt_format.PREFIX
 
 
 @dataclass
@@ -54,40 +53,7 @@ def checkpoints_dir(out_dir: Path) -> Path:
     return Path(out_dir) / "checkpoints"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _write_manifest(folder: Path) -> tuple[int, str]:
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json")
-    entries = {str(p.relative_to(folder)): {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files}
-    body = json.dumps({"files": entries}, indent=1, sort_keys=True).encode()
-    (folder / "manifest.json").write_bytes(body)
-    nbytes = sum(e["bytes"] for e in entries.values()) + len(body)
-    return nbytes, hashlib.sha256(body).hexdigest()
-
-
-def verify(folder: Path) -> None:
-    """Raise CheckpointError unless every file in the manifest is present and intact."""
-    manifest = Path(folder) / "manifest.json"
-    if not manifest.is_file():
-        raise CheckpointError(f"{folder}: no manifest.json (half-written or not a checkpoint)")
-    for rel, meta in json.loads(manifest.read_text())["files"].items():
-        p = Path(folder) / rel
-        if not p.is_file() or p.stat().st_size != meta["bytes"] or _sha256(p) != meta["sha256"]:
-            raise CheckpointError(f"{folder}: {rel} is missing or does not match the manifest")
-
-
-def save(out_dir: Path, state: TrainerState, policy, tokenizer, optimizer, ref_model, keep_last: int) -> SavedCheckpoint:
-    """Write a checkpoint atomically, then prune all but the newest `keep_last`."""
-    root = checkpoints_dir(out_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{state.step:08d}"
-    tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, ref_model) -> tuple[int, str]:
     policy.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     ts = tmp / "trainer_state"
@@ -98,34 +64,53 @@ def save(out_dir: Path, state: TrainerState, policy, tokenizer, optimizer, ref_m
                 "numpy": np.random.get_state()}, ts / "rng.pt")
     if ref_model is not None and state.ref_step != state.step:
         save_model(ref_model, str(ts / "ref.safetensors"))  # handles tied embeddings
-    nbytes, digest = _write_manifest(tmp)
-    if final.exists():  # a re-run of the same step after a resume: replace it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    prune(root, keep_last)
+    return ckpt_format.write_manifest(tmp)
+
+
+def save(out_dir: Path, state: TrainerState, policy, tokenizer, optimizer, ref_model,
+         keep_last: int | None = None) -> SavedCheckpoint:
+    """Write a checkpoint atomically (then prune all but the newest `keep_last`, when given).
+
+    A failure while writing (disk full, read-only dir) removes the temporary folder and raises
+    CheckpointError naming the step and the cause, so the job fails with a clear message and
+    no half-written folder stays behind.
+    """
+    root = checkpoints_dir(out_dir)
+    final = root / ckpt_format.folder_name(state.step)
+    tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        nbytes, digest = _write_folder(tmp, state, policy, tokenizer, optimizer, ref_model)
+        if final.exists():  # a re-run of the same step after a resume: replace it
+            shutil.rmtree(final)
+        tmp.rename(final)
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"could not write the checkpoint of step {state.step}: "
+                              f"{_reason(exc)}") from exc
+    if keep_last is not None:
+        prune(root, keep_last)
     return SavedCheckpoint(state.step, final, nbytes, digest)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in str(exc):
+        return "no space left on device (the artifact dir is full)"
+    if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "the artifact dir is not writable"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def prune(root: Path, keep_last: int) -> None:
     for old in list_checkpoints(root)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
-        for cached in root.glob(old.name + ".tar.gz*"):  # download archives the API cached
-            cached.unlink(missing_ok=True)
-    for stale in root.glob(".tmp-*"):  # left by a crash mid-save
+        ckpt_format.remove(old)  # the folder and the download archive built for it
+    for stale in Path(root).glob(".tmp-*"):  # left by a crash mid-save
         shutil.rmtree(stale, ignore_errors=True)
-
-
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint folders, oldest first."""
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "manifest.json").is_file())
 
 
 def latest(out_dir: Path) -> Path | None:
     found = list_checkpoints(checkpoints_dir(out_dir))
     return found[-1] if found else None
-
 
 def load_state(folder: Path, optimizer, ref_model) -> TrainerState:
     """Verify `folder`, restore optimizer, RNG and reference weights; return the counters.

@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -23,6 +24,7 @@ from trainer.advantages import ADVANTAGES, AdvantageFn
 from trainer.policy import UpdateConfig, auto_micro_batch_tokens
 from trainer.schedule import StagePlan, plan
 from trainer.spec import JobSpec
+from trainer.stop import never
 from trainer.tasks import build_task
 from trainer.tasks.base import Task
 from trainer.tasks.prompts import render_prompt, target_completion
@@ -67,6 +69,7 @@ class Run:
     keep_rounds_seen: int = 0                    # generation rounds that rate is made of
     nonfinite_in_row: int = 0                    # updates skipped in a row (non-finite loss/grad)
     stalled_steps: int = 0                       # steps in a row that could not learn
+    stop_check: Callable[[], None] = never       # raises StopRequested inside long phases
 
     def close(self) -> None:
         self.scorer.close()
@@ -88,7 +91,7 @@ def tiny_model_key(spec: JobSpec) -> str:
     return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer) -> Path:
+def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Callable[[], None]) -> Path:
     """Build (or reuse) the built-in tiny model, warm-started on this task's training split."""
     from trainer.tiny_model import ensure_tiny_model
 
@@ -104,7 +107,7 @@ def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer) -> Path:
         return scorer.score(completions, exs, [False] * len(exs)).correct
 
     return ensure_tiny_model(cache_dir() / "models", key, seed=spec.seed, sft_pairs=pairs,
-                             score_fn=score_fn, eval_prompts=probe_prompts)
+                             score_fn=score_fn, eval_prompts=probe_prompts, stop_check=stop_check)
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -113,12 +116,17 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=special)["input_ids"] for t in texts]
 
 
-def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None) -> Run:
+def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
+              stop_check: Callable[[], None] = never) -> Run:
     torch.manual_seed(spec.seed)
     device = resolve_device()
     task = build_task(spec.task, spec.seed, dataset_path)
     scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
-    model_dir = _tiny_model_dir(spec, task, scorer) if spec.model.path == TINY else Path(spec.model.path)
+    try:
+        model_dir = _tiny_model_dir(spec, task, scorer, stop_check) if spec.model.path == TINY else Path(spec.model.path)
+    except BaseException:  # a stop during the warm start: the scorer's processes go too
+        scorer.close()
+        raise
     source = Path(resume) if resume else model_dir
     policy, tokenizer = load_policy(source, spec.model.dtype, device,
                                     gradient_checkpointing=spec.model.gradient_checkpointing)
@@ -153,4 +161,4 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
                plans=plans, state=state, train_ids=train_ids, eval_ids=eval_ids,
                micro_batch_tokens=micro, compute_dtype=cdtype,
                update_cfg=UpdateConfig.from_spec(spec, cdtype),
-               advantage_fn=ADVANTAGES[spec.algo.advantage])
+               advantage_fn=ADVANTAGES[spec.algo.advantage], stop_check=stop_check)

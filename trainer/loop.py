@@ -21,6 +21,7 @@ from trainer.schedule import stage_for_step
 from trainer.sink import MetricsSink
 from trainer.spec import JobSpec
 from trainer.step import run_step
+from trainer.stop import StopRequested, stop_check
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ def _due(every: int, step: int) -> bool:
 
 
 def _evaluate(run: Run, sink: MetricsSink, step: int) -> dict[str, float]:
+    run.stop_check()
     ctx = EvalContext(run.engine, run.tokenizer, run.scorer, run.task.eval, run.eval_ids)
     values = evaluate(ctx, run.spec, seed=mix_seed(run.spec.seed, 104729))  # same draws each time
     sink.event("eval", {"step": step, **values})
@@ -47,9 +49,10 @@ def _evaluate(run: Run, sink: MetricsSink, step: int) -> dict[str, float]:
 def _checkpoint(run: Run, sink: MetricsSink, step: int) -> Path:
     run.state.step = step
     run.state.data_cursor = run.stream.cursor
-    saved = checkpoint.save(run.out_dir, run.state, run.policy, run.tokenizer, run.optimizer,
-                            run.ref, run.spec.checkpoint.keep_last)
+    saved = checkpoint.save(run.out_dir, run.state, run.policy, run.tokenizer, run.optimizer, run.ref)
     sink.checkpoint(step, saved.path, saved.nbytes, saved.sha256)
+    # Prune after the sink recorded the new one: a listed checkpoint is never missing its files.
+    checkpoint.prune(checkpoint.checkpoints_dir(run.out_dir), run.spec.checkpoint.keep_last)
     return saved.path
 
 
@@ -90,9 +93,13 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
     weights after it. `resume` is a checkpoint folder of the same spec. `on_step` is an optional
     progress callback (the CLI's progress bar).
     """
-    run = build_run(spec, Path(out_dir), resume, dataset_path)
+    check = stop_check(should_stop)
+    try:
+        run = build_run(spec, Path(out_dir), resume, dataset_path, check)
+    except StopRequested:  # during the warm start of builtin:tiny
+        return TrainResult(steps_completed=0, stopped=True, last_eval=None, last_checkpoint=None)
     total, start = spec.total_steps, run.state.step
-    last_eval, last_ckpt, stopped = None, None, False
+    last_eval, last_ckpt, stopped, step = None, None, False, start
     try:
         if start == 0:
             last_eval = _evaluate(run, sink, 0)
@@ -125,7 +132,10 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
         if stopped and step - 1 > start and not _due(spec.checkpoint.every, step - 1):
             # keep the work done before the stop
             last_ckpt = _checkpoint(run, sink, step - 1)
+    except StopRequested:
+        # Stopped inside a phase of `step`: that step is abandoned, not saved half-done.
+        stopped = True
     finally:
         run.close()
-    done = step - 1 if stopped else total
+    done = max(step - 1, start) if stopped else total
     return TrainResult(steps_completed=done, stopped=stopped, last_eval=last_eval, last_checkpoint=last_ckpt)

@@ -213,6 +213,7 @@ def run_step(run: Run, plan: StagePlan, step: int) -> dict[str, float | int | No
     for g in run.optimizer.param_groups:
         g["lr"] = lr
     acc = collect(run, plan, step)
+    run.stop_check()  # generation and scoring may have taken minutes
 
     t = time.perf_counter()
     upd: dict[str, float | None] = dict.fromkeys(UPDATE_KEYS)

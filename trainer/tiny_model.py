@@ -206,7 +206,8 @@ _INV_VOCAB = {i: t for t, i in VOCAB.items()}
 def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: ScoreFn,
                eval_prompts: list[str], target=(0.05, 0.60), aim: float = 0.45,
                max_steps: int = 1200, max_sft_seconds: float | None = None, eval_every: int = 25,
-               batch_size: int = 64, lr: float = 2e-3) -> dict:
+               batch_size: int = 64, lr: float = 2e-3,
+               stop_check: Callable[[], None] | None = None) -> dict:
     """Supervised pass until sampled pass@1 >= `aim` (inside `target`), or a cap is hit.
 
     Returns a small report {steps, pass_rate, seconds, history}. If the final pass rate is
@@ -229,6 +230,8 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
     t0, step, history, in_band = time.monotonic(), 0, [], None
     rate = 0.0
     while step < max_steps and (max_sft_seconds is None or time.monotonic() - t0 < max_sft_seconds):
+        if stop_check is not None:
+            stop_check()  # minutes of CPU: a cancel must not wait for the end of it
         model.train()
         # Short linear warm-up; then constant: the pass is stopped early by the band anyway.
         for g in opt.param_groups:
@@ -267,7 +270,8 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
 def build_tiny_model(out_dir: Path, *, seed: int, sft_pairs: list[tuple[str, str]],
                      score_fn: ScoreFn, eval_prompts: list[str], target=(0.05, 0.60),
                      aim: float = 0.45, max_sft_steps: int = 1200,
-                     max_sft_seconds: float | None = None, size: str = "tiny") -> Path:
+                     max_sft_seconds: float | None = None, size: str = "tiny",
+                     stop_check: Callable[[], None] | None = None) -> Path:
     """Build, warm-start and save the builtin model into `out_dir`; returns `out_dir`.
 
     With no `sft_pairs` the randomly initialised model is saved (benchmarks need no skill).
@@ -281,7 +285,8 @@ def build_tiny_model(out_dir: Path, *, seed: int, sft_pairs: list[tuple[str, str
     if sft_pairs:
         report = warm_start(model, seed=seed, sft_pairs=sft_pairs, score_fn=score_fn,
                             eval_prompts=eval_prompts, target=target, aim=aim,
-                            max_sft_seconds=max_sft_seconds, max_steps=max_sft_steps)
+                            max_sft_seconds=max_sft_seconds, max_steps=max_sft_steps,
+                            stop_check=stop_check)
     save_folder(model, tokenizer, out_dir)
     if report is not None:
         import json

@@ -8,10 +8,13 @@ be tested without a broker. One run, top to bottom:
    returns at once.
 2. a heartbeat thread renews the lease every `heartbeat_seconds` and brings back the
    job's `cancel_requested` flag; when the store answers `Fenced` (a newer attempt owns the
-   job) it stops renewing and the run must stop too.
+   job), or no renewal has landed for a whole lease, the run must stop.
 3. `train(spec, DbSink, should_stop, resume=..., out_dir=..., dataset_path=...)`, where
-   `should_stop` turns true on cancel, on fencing and past `limits.max_wall_seconds`.
-4. finish: succeeded, cancelled (stopped by a cancel), or failed (an exception, with a
+   `should_stop` turns true on cancel and past `limits.max_wall_seconds`, and raises `Fenced`
+   once the job is not ours (so a fenced run saves nothing on its way out). `out_dir` is
+   this attempt's own folder (`jobs/<id>/attempt-<n>`): attempts never share files.
+4. finish: succeeded (cancelled if a cancel was requested meanwhile), cancelled (stopped by
+   a cancel), or failed (an exception, with a
    `failed` event carrying the traceback, or the wall-clock limit). A fenced run writes
    nothing: the job is no longer ours. A run stopped because the worker is shutting down
    writes nothing either: the lease runs out and the reaper requeues the job.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shutil
 import threading
 import time
 import traceback
@@ -30,7 +34,9 @@ from typing import Any, Callable
 from store import artifacts, datasets, jobs
 from store.db import session_scope
 from store.errors import Fenced
+from store.models import Checkpoint
 from store.settings import Settings, get_settings
+from trainer import ckpt_format
 from worker.sink import DbSink
 
 log = logging.getLogger(__name__)
@@ -58,19 +64,33 @@ class StopState:
     """Why a run should stop; written by the heartbeat thread and the sink, read by the loop."""
 
     max_wall_seconds: float
+    lease_seconds: float = float("inf")
+    job_id: str = ""
+    attempt: int = 0
     started: float = field(default_factory=time.monotonic)
+    renewed: float = field(default_factory=time.monotonic)  # last lease renewal that landed
     cancel_requested: bool = False
     fenced: bool = False
     wall_exceeded: bool = False
     shutdown: bool = False
 
     def should_stop(self) -> bool:
+        """True when the run should stop; raises Fenced when the job is no longer ours.
+
+        Raising (rather than returning True) is what keeps a fenced run from saving the
+        checkpoint a stopped run saves on its way out. A lease not renewed for longer than
+        the lease itself counts as lost: the reaper may already have handed the job on.
+        """
+        if time.monotonic() - self.renewed > self.lease_seconds:
+            self.fenced = True
+        if self.fenced:
+            raise Fenced(self.job_id, self.attempt)
         # The wall-clock limit counts from this attempt's claim: a retried job gets a fresh
         # budget (a simplification; the alternative needs the first attempt's start time).
         if time.monotonic() - self.started > self.max_wall_seconds:
             self.wall_exceeded = True
         self.shutdown = self.shutdown or _shutdown.is_set()
-        return self.cancel_requested or self.fenced or self.wall_exceeded or self.shutdown
+        return self.cancel_requested or self.wall_exceeded or self.shutdown
 
 
 class Heartbeat(threading.Thread):
@@ -86,9 +106,11 @@ class Heartbeat(threading.Thread):
     def beat(self) -> None:
         """One renewal; public so tests (and the runner) can beat without waiting."""
         try:
+            sent = time.monotonic()
             with session_scope() as s:
                 if jobs.heartbeat(s, self.job_id, self.attempt, self.lease_seconds):
                     self.state.cancel_requested = True
+            self.state.renewed = sent
         except Fenced:
             log.warning("job %s attempt %s lost its lease", self.job_id, self.attempt)
             self.state.fenced = True
@@ -125,6 +147,21 @@ def _resume_dir(job_id: str) -> Path | None:
     return path if path.exists() else None
 
 
+def _sweep_earlier_attempts(settings: Settings, job_id: str, attempt: int) -> None:
+    """Delete what earlier attempts left on disk without a row: temp folders and unrecorded
+    checkpoints of a worker that crashed mid-save. Those attempts are fenced for good (only
+    this one may write), so nothing they left can still become a recorded checkpoint."""
+    with session_scope() as s:
+        recorded = {Path(c.uri) for c in s.query(Checkpoint).filter_by(job_id=job_id)}
+    for n in range(1, attempt):
+        root = artifacts.attempt_dir(settings, job_id, n) / "checkpoints"
+        for path in root.glob("*") if root.is_dir() else []:
+            if path.name.startswith(".tmp-"):
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.is_dir() and path.resolve() not in recorded and path not in recorded:
+                ckpt_format.remove(path)
+
+
 def _dataset_path(spec: Any, tenant_id: int) -> Path | None:
     """The uploaded JSONL of a dataset task, checked to belong to the job's tenant.
 
@@ -142,14 +179,16 @@ def _dataset_path(spec: Any, tenant_id: int) -> Path | None:
 
 
 def _finish(job_id: str, attempt: int, status: str, error: str | None = None,
-            tb: str | None = None) -> None:
-    """Record the outcome; a `Fenced` here means someone else owns the job now: say nothing."""
+            tb: str | None = None) -> str | None:
+    """Record the outcome and return the status written (a success after a cancel request is
+    written as cancelled); a `Fenced` here means someone else owns the job now: None."""
     try:
         with session_scope() as s:
-            jobs.finish(s, job_id, attempt, status, error=error,
-                        data={"traceback": tb} if tb is not None else None)
+            return jobs.finish(s, job_id, attempt, status, error=error,
+                               data={"traceback": tb} if tb is not None else None).value
     except Fenced:
         log.warning("job %s attempt %s fenced before finishing as %s", job_id, attempt, status)
+        return None
 
 
 def run_job(job_id: str, settings: Settings | None = None) -> str | None:
@@ -169,7 +208,8 @@ def run_job(job_id: str, settings: Settings | None = None) -> str | None:
     except Exception as exc:  # noqa: BLE001 - a stored spec that no longer validates
         _finish(job_id, attempt, "failed", f"invalid spec: {exc}", traceback.format_exc())
         return "failed"
-    state = StopState(max_wall_seconds=spec.limits.max_wall_seconds)
+    state = StopState(max_wall_seconds=spec.limits.max_wall_seconds,
+                      lease_seconds=settings.lease_seconds, job_id=job_id, attempt=attempt)
     heartbeat = Heartbeat(job_id, attempt, settings, state)
     heartbeat.start()
     try:
@@ -183,10 +223,13 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
     def on_fenced() -> None:
         state.fenced = True
 
-    sink = DbSink(job_id, attempt, on_fenced=on_fenced)
+    sink = DbSink(job_id, attempt, on_fenced=on_fenced, keep_last=spec.checkpoint.keep_last,
+                  retry_seconds=settings.lease_seconds)
     try:
-        out_dir = Path(artifacts.job_dir(settings, job_id))
+        # Per attempt: a stale attempt can neither overwrite nor prune its successor's files.
+        out_dir = artifacts.attempt_dir(settings, job_id, attempt)
         out_dir.mkdir(parents=True, exist_ok=True)
+        _sweep_earlier_attempts(settings, job_id, attempt)
         train = resolve_entrypoint(settings.trainer_entrypoint)
         train(spec, sink, state.should_stop, resume=_resume_dir(job_id),
               out_dir=out_dir, dataset_path=_dataset_path(spec, tenant_id))
@@ -197,8 +240,7 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
             return None
         log.exception("job %s failed", job_id)
         message = f"{type(exc).__name__}: {exc}"
-        _finish(job_id, attempt, "failed", message, traceback.format_exc())
-        return "failed"
+        return _finish(job_id, attempt, "failed", message, traceback.format_exc())
     if state.fenced:
         return None
     if state.shutdown and not state.cancel_requested:
@@ -207,13 +249,10 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         log.warning("job %s stopped for worker shutdown; the reaper will requeue it", job_id)
         return None
     if state.cancel_requested:
-        _finish(job_id, attempt, "cancelled")
-        return "cancelled"
+        return _finish(job_id, attempt, "cancelled")
     if state.wall_exceeded:
-        _finish(job_id, attempt, "failed", WALL_LIMIT_ERROR)
-        return "failed"
-    _finish(job_id, attempt, "succeeded")
-    return "succeeded"
+        return _finish(job_id, attempt, "failed", WALL_LIMIT_ERROR)
+    return _finish(job_id, attempt, "succeeded")
 
 
 def reap_and_requeue(enqueue: Callable[[str], None]) -> list[str]:

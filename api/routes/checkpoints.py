@@ -1,6 +1,7 @@
 """A job's checkpoints: the list, and each one as a `.tar.gz` of its HF-format folder.
 
-Downloads are cached archives served by `FileResponse` (see `api.archive`), with
+Downloads are archives built once when the checkpoint was recorded (`trainer.ckpt_format`),
+served by `FileResponse` (sendfile, no Python in the byte path), with
 `Content-Length`, a strong `ETag` (the archive's quoted sha256), `X-Checksum-Sha256` for
 clients that verify what they saved, and `If-None-Match` answered with 304.
 """
@@ -10,20 +11,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 
 from store import jobs
 from store.errors import NotFound
 from store.models import Checkpoint
+from trainer import ckpt_format
 
-from api.archive import ensure_archive
 from api.deps import SessionDep, TenantDep
 from api.errors import ApiError
 from api.routes.jobs import job_or_404
 from api.schemas import CheckpointPublic, ListPublic
 
 router = APIRouter(prefix="/jobs/{job_id}/checkpoints", tags=["checkpoints"])
+MAX_STEP = 2**31 - 1  # the step column is a 32-bit integer: larger ids are a 422, not a 500
+StepParam = Annotated[int, PathParam(ge=0, le=MAX_STEP)]
 
 
 def _public(request: Request, ckpt: Checkpoint) -> CheckpointPublic:
@@ -34,12 +38,17 @@ def _public(request: Request, ckpt: Checkpoint) -> CheckpointPublic:
 
 
 @router.get("", response_model=ListPublic[CheckpointPublic])
-def list_checkpoints(job_id: str, request: Request, session: SessionDep,
-                     tenant: TenantDep) -> ListPublic[CheckpointPublic]:
-    """Checkpoints by ascending step (older ones may have been rotated out: keep_last)."""
+def list_checkpoints(
+    job_id: str, request: Request, session: SessionDep, tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 100,
+    after: Annotated[int | None, Query(ge=-1, le=MAX_STEP,
+                                       description="The last step of the previous page.")] = None,
+) -> ListPublic[CheckpointPublic]:
+    """Checkpoints by ascending step (older ones are deleted by rotation: keep_last)."""
     job_or_404(session, tenant.id, job_id)
-    rows = jobs.list_checkpoints(session, tenant.id, job_id)
-    return ListPublic[CheckpointPublic](data=[_public(request, c) for c in rows])
+    rows = jobs.list_checkpoints(session, tenant.id, job_id, after=after, limit=limit + 1)
+    return ListPublic[CheckpointPublic](data=[_public(request, c) for c in rows[:limit]],
+                                        has_more=len(rows) > limit)
 
 
 def _etag_matches(if_none_match: str | None, etag: str) -> bool:
@@ -60,7 +69,7 @@ def _etag_matches(if_none_match: str | None, etag: str) -> bool:
                410: {"description": "The checkpoint's files were deleted (rotation)."}},
 )
 def download_checkpoint(
-    job_id: str, step: int, session: SessionDep, tenant: TenantDep,
+    job_id: str, step: StepParam, session: SessionDep, tenant: TenantDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The checkpoint folder as a `.tar.gz`; extract it into an empty folder."""
@@ -68,10 +77,12 @@ def download_checkpoint(
     ckpt = jobs.get_checkpoint(session, tenant.id, job_id, step)
     if ckpt is None:
         raise NotFound(f"job {job_id} has no checkpoint at step {step}")
+    folder = Path(ckpt.uri)
     try:
-        # A sync route runs in the threadpool, so the first request building a large archive
-        # (seconds to minutes) does not hold up other requests.
-        archive = ensure_archive(Path(ckpt.uri))
+        # The worker built the archive when it recorded the checkpoint; building here is only
+        # for checkpoints recorded before that (a sync route: it runs in the threadpool).
+        archive = ckpt_format.cached_archive(folder) if folder.is_dir() else None
+        archive = archive or ckpt_format.build_archive(folder)
     except FileNotFoundError:
         raise ApiError(410, f"checkpoint at step {step} of job {job_id} is no longer on disk "
                             f"(deleted by rotation or cleanup)") from None

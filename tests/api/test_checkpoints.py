@@ -11,35 +11,54 @@ from pathlib import Path
 import pytest
 
 from store import jobs as store_jobs
-from store.artifacts import checkpoint_dir, folder_digest
+from store.artifacts import checkpoint_dir
 from store.db import session_scope
+
+from trainer import ckpt_format
 
 from tests.api.helpers import assert_error, make_spec
 
-FILES = {
-    "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
-    "model.safetensors": bytes(range(256)) * 400,
-    "tokenizer/tokenizer.json": b'{"version": "1.0"}',
-}
+@pytest.fixture(scope="session")
+def trainer_checkpoint(tmp_path_factory) -> Path:
+    """A checkpoint folder written by `trainer.checkpoint.save` (a small Qwen2 + tokenizer)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from trainer import checkpoint
+    from trainer.tiny_model import build_tokenizer
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=120, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, tie_word_embeddings=True))
+    state = checkpoint.TrainerState(step=2, stage=0, data_cursor=4, ref_step=0, spec_sha256="x")
+    out = tmp_path_factory.mktemp("trainer-out")
+    return checkpoint.save(out, state, model, build_tokenizer(),
+                           torch.optim.AdamW(model.parameters()), None).path
 
 
-def _fake_hf_folder(folder: Path) -> Path:
-    for rel, data in FILES.items():
-        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-        (folder / rel).write_bytes(data)
-    return folder
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _record(database_url, job_id: str, attempt: int, folder: Path, step: int) -> None:
+    """What the worker's sink does: build the archive once, then record the row."""
+    ckpt_format.build_archive(folder)
+    nbytes, digest = ckpt_format.digest(folder)
+    with session_scope(database_url) as s:
+        store_jobs.record_checkpoint(s, job_id, attempt, step, str(folder), nbytes, digest)
 
 
 @pytest.fixture
-def job_with_checkpoint(client, auth, settings, database_url):
+def job_with_checkpoint(client, auth, settings, database_url, trainer_checkpoint):
     """(job id, checkpoint folder): a running job whose step-2 checkpoint is registered."""
     job_id = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
-    folder = _fake_hf_folder(checkpoint_dir(settings, job_id, 2))
-    nbytes, sha = folder_digest(folder)
     with session_scope(database_url) as s:
         claim = store_jobs.claim(s, job_id, "test-worker", lease_seconds=60)
-    with session_scope(database_url) as s:
-        store_jobs.record_checkpoint(s, job_id, claim.attempt, 2, str(folder), nbytes, sha)
+    folder = checkpoint_dir(settings, job_id, claim.attempt, 2)
+    shutil.copytree(trainer_checkpoint, folder)
+    _record(database_url, job_id, claim.attempt, folder, 2)
     return job_id, folder
 
 
@@ -55,8 +74,8 @@ def test_list_checkpoints(client, auth, job_with_checkpoint):
     listing = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=auth).json()
     assert listing["object"] == "list" and len(listing["data"]) == 1
     ckpt = listing["data"][0]
-    assert ckpt["step"] == 2 and ckpt["bytes"] == sum(len(v) for v in FILES.values())
-    assert ckpt["sha256"] == folder_digest(folder)[1] and "uri" not in ckpt
+    assert (ckpt["step"], ckpt["bytes"]) == (2, sum(len(v) for v in _files(folder).values()))
+    assert ckpt["sha256"] == ckpt_format.digest(folder)[1] and "uri" not in ckpt
     assert ckpt["download_url"] == f"/v1/jobs/{job_id}/checkpoints/2/download"
 
 
@@ -70,8 +89,9 @@ def test_download_is_a_tar_gz_of_the_folder(client, auth, job_with_checkpoint, t
     assert resp.headers["ETag"] == f'"{sha}"'
     assert int(resp.headers["Content-Length"]) == len(resp.content)
     assert "attachment" in resp.headers["content-disposition"]
-    assert _extract(resp.content, tmp_path / "out") == FILES
-    # Cached beside the folder, built once: a second download is byte-identical.
+    assert _extract(resp.content, tmp_path / "out") == _files(folder)
+    ckpt_format.verify(tmp_path / "out")  # what a user extracts is a complete checkpoint
+    # Built once when recorded, beside the folder: a second download is byte-identical.
     assert folder.with_name(folder.name + ".tar.gz").is_file()
     assert client.get(url, headers=auth).content == resp.content
 
@@ -83,7 +103,7 @@ def test_download_is_a_tar_gz_of_the_folder(client, auth, job_with_checkpoint, t
 
 
 def test_archives_are_deterministic(client, auth, job_with_checkpoint):
-    # Two replicas racing to build the cache must produce the same bytes (and ETag).
+    # A checkpoint recorded without its archive (older versions) gets the same bytes and ETag.
     job_id, folder = job_with_checkpoint
     url = f"/v1/jobs/{job_id}/checkpoints/2/download"
     first = client.get(url, headers=auth).content
@@ -108,3 +128,28 @@ def test_unknown_step_and_other_tenant_are_404(client, auth, other_auth, job_wit
     assert_error(client.get(url.replace(job_id, "job_unknown"), headers=auth), 404)
     assert_error(client.get(url.replace("/2/", "/two/"), headers=auth), 422, field="path.step")
     assert client.get(f"/v1/jobs/{job_id}/checkpoints", headers=other_auth).status_code == 404
+
+
+def test_bounded_step_and_paginated_list(client, auth, settings, database_url,
+                                         job_with_checkpoint, trainer_checkpoint):
+    job_id, folder = job_with_checkpoint
+    for huge in (2**31, 2**63, 10**30):
+        assert_error(client.get(f"/v1/jobs/{job_id}/checkpoints/{huge}/download", headers=auth),
+                     422, field="path.step")
+    assert_error(client.get(f"/v1/jobs/{job_id}/checkpoints?after={2**63}", headers=auth), 422)
+    for step in (4, 6):
+        other = folder.with_name(ckpt_format.folder_name(step))
+        shutil.copytree(trainer_checkpoint, other)
+        _record(database_url, job_id, 1, other, step)
+    url = f"/v1/jobs/{job_id}/checkpoints"
+    page = client.get(url, params={"limit": 2}, headers=auth).json()
+    assert [c["step"] for c in page["data"]] == [2, 4] and page["has_more"] is True
+    page = client.get(url, params={"limit": 2, "after": 4}, headers=auth).json()
+    assert [c["step"] for c in page["data"]] == [6] and page["has_more"] is False
+
+
+def test_checkpoint_event_has_no_server_path(client, auth, job_with_checkpoint):
+    job_id, folder = job_with_checkpoint
+    events = client.get(f"/v1/jobs/{job_id}/events", headers=auth).json()["data"]
+    (saved,) = [e for e in events if e["type"] == "checkpoint_saved"]
+    assert saved["data"]["step"] == 2 and str(folder.parent) not in str(saved)

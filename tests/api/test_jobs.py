@@ -103,10 +103,11 @@ def test_cancel_rules(client, auth, database_url):
     # Asking twice is harmless while the worker has not stopped yet.
     assert client.post(f"/v1/jobs/{running}/cancel", headers=auth).status_code == 200
 
+    # A run that completes after the cancel request ends cancelled, not succeeded.
     with session_scope(database_url) as s:
-        store_jobs.finish(s, running, claim.attempt, JobStatus.succeeded)
+        assert store_jobs.finish(s, running, claim.attempt, JobStatus.succeeded) == "cancelled"
     err = assert_error(client.post(f"/v1/jobs/{running}/cancel", headers=auth), 409)
-    assert "succeeded" in err["message"]
+    assert "already cancelled" in err["message"]
     types = [e["type"] for e in client.get(f"/v1/jobs/{queued}/events", headers=auth).json()["data"]]
     assert types == ["created", "cancel_requested", "cancelled"]
 

@@ -13,6 +13,7 @@ from store import artifacts, datasets, keys
 from store.db import get_engine, get_sessionmaker, make_engine, normalize_url, session_scope
 from store.models import ApiKey, Tenant
 from store.settings import Settings, get_settings, reset_settings_cache
+from trainer import ckpt_format
 
 
 def test_keys_store_only_hash_and_prefix(session: Session) -> None:
@@ -68,17 +69,11 @@ def test_write_atomic_and_paths(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["ds_1.jsonl"]
 
 
-def test_folder_digest_sees_content_and_names(tmp_path: Path) -> None:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "x.bin").write_bytes(b"123")
-    (tmp_path / "y.json").write_bytes(b"{}")
-    size, first = artifacts.folder_digest(tmp_path)
-    assert size == 5
-    (tmp_path / "y.json").rename(tmp_path / "z.json")
-    renamed = artifacts.folder_digest(tmp_path)
-    assert renamed[0] == 5 and renamed[1] != first
-    (tmp_path / "z.json").write_bytes(b"[]")
-    assert artifacts.folder_digest(tmp_path)[1] not in (first, renamed[1])
+def test_checkpoint_paths_are_per_attempt_and_use_the_trainer_format(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path)
+    folder = artifacts.checkpoint_dir(settings, "job_1", 2, 12)
+    assert folder == settings.artifact_dir / "jobs" / "job_1" / "attempt-2" / "checkpoints" / "step-00000012"
+    assert ckpt_format.step_of(folder) == 12
 
 
 def test_settings_derive_from_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

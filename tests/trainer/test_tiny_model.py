@@ -133,3 +133,19 @@ def test_warm_start_step_cap_is_deterministic():
     ra, rb = warm(a, never, max_steps=5), warm(b, never, max_steps=5)
     assert ra["steps"] == rb["steps"] == 5
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_warm_start_reaches_the_stop_check():
+    # A cancel during builtin:tiny's warm start (minutes of CPU) must not wait for its end.
+    from trainer.stop import StopRequested, stop_check
+
+    model, _ = tiny_model.build_untrained(0)
+    polls: list[int] = []
+
+    def should_stop() -> bool:
+        polls.append(1)
+        return len(polls) > 2
+
+    with pytest.raises(StopRequested):
+        warm(model, scripted([0.0] * 50), aim=0.99, max_steps=50, stop_check=stop_check(should_stop))
+    assert len(polls) == 3  # stopped at the third SFT step, not after 50

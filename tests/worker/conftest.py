@@ -5,6 +5,7 @@ fake trainer as the entrypoint, and a fast heartbeat so cancel and fencing show 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from store.models import Tenant
 from store.settings import get_settings, reset_settings_cache
 
 FAKE_ENTRYPOINT = "tests.worker.fake_trainer:train"
+PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
 
 BASE_SPEC: dict[str, Any] = {
     "spec_version": 1,
@@ -77,3 +79,25 @@ def new_job(tenant_id: int):
             return job.id
 
     return make
+
+
+@contextlib.contextmanager
+def fresh_pg_database(prefix: str) -> Iterator[str]:
+    """A brand-new PostgreSQL database (its SQLAlchemy URL), dropped afterwards; skips the
+    test when no server answers on 127.0.0.1:5432."""
+    import uuid
+
+    import psycopg
+
+    try:
+        admin = psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL not reachable on 127.0.0.1:5432: {exc}")
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        reset_engine_cache()
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()

@@ -6,18 +6,22 @@ sha256) at the last step. It honours `should_stop` before every step and resumes
 step stored in a checkpoint folder. Tests steer it through the job's `name`, because that
 survives the trip through HTTP, the database and a worker subprocess:
 - `sleep=SECONDS`: sleep that long in every step (default 0.05 s), to catch a job mid-run;
-- `fail`: raise RuntimeError("fake trainer failure") after the first step.
+- `fail`: raise RuntimeError("fake trainer failure") after the first step;
+- `crash`: kill the whole process (os._exit) after the first step, as an OOM kill would;
+- `ckpt`: save (and record) a checkpoint after every step, not only the last.
 A dataset job fails unless `dataset_path` is an existing file (the runner must resolve it).
 """
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from trainer import ckpt_format
 
 STEPS = 3
 
@@ -34,20 +38,20 @@ def _options(name: str) -> tuple[float, bool]:
     return (float(match.group(1)) if match else 0.05), ("fail" in name.split())
 
 
+def _flag(name: str, flag: str) -> bool:
+    return flag in name.split()
+
+
 def write_checkpoint(out_dir: Path, step: int) -> tuple[Path, int, str]:
-    """A checkpoint folder shaped like an HF save: config + weights; returns (dir, bytes, sha)."""
-    folder = out_dir / "checkpoints" / f"step_{step:06d}"
+    """A checkpoint folder in the trainer's format (`trainer.ckpt_format`): config, weights,
+    state and manifest; returns (dir, bytes, digest)."""
+    folder = Path(out_dir) / "checkpoints" / ckpt_format.folder_name(step)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "fake", "step": step}))
     (folder / "model.safetensors").write_bytes(bytes(range(256)) * 8)
     (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
-    digest = hashlib.sha256()
-    nbytes = 0
-    for path in sorted(folder.iterdir()):
-        data = path.read_bytes()
-        digest.update(path.name.encode() + b"\0" + data)
-        nbytes += len(data)
-    return folder, nbytes, digest.hexdigest()
+    nbytes, digest = ckpt_format.write_manifest(folder)
+    return folder, nbytes, digest
 
 
 def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = None, *,
@@ -70,6 +74,11 @@ def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = Non
         sink.metrics(step, values)
         if fail:
             raise RuntimeError("fake trainer failure")
+        if _flag(spec.name, "crash"):
+            os._exit(3)
+        if _flag(spec.name, "ckpt") and step < STEPS:
+            checkpoint, nbytes, sha = write_checkpoint(Path(out_dir), step)
+            sink.checkpoint(step, checkpoint, nbytes, sha)
     checkpoint, nbytes, sha = write_checkpoint(Path(out_dir), STEPS)
     sink.checkpoint(STEPS, checkpoint, nbytes, sha)
     return FakeResult(STEPS, False, checkpoint)

@@ -14,19 +14,17 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
 from cli.client import BrorlClient
-from tests.worker.conftest import FAKE_ENTRYPOINT, make_spec
+from tests.worker.conftest import FAKE_ENTRYPOINT, fresh_pg_database, make_spec
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
-PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
 REDIS_DB = 14  # not 0: keep clear of anything a developer runs by hand
 REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
 
@@ -52,22 +50,8 @@ def _redis():
 
 @pytest.fixture(scope="module")
 def pg_url():
-    import psycopg
-
-    try:
-        admin = psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable on 127.0.0.1:5432: {exc}")
-    name = f"brorl_worker_{uuid.uuid4().hex[:10]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        from store.db import reset_engine_cache
-
-        reset_engine_cache()
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
+    with fresh_pg_database("brorl_worker") as url:
+        yield url
 
 
 def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:

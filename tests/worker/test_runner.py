@@ -213,3 +213,29 @@ def test_worker_shutdown_stops_the_run_without_finishing_it(new_job):
     job = job_row(job_id)
     assert job.status == JobStatus.running and job.attempt == 1  # left for the reaper
     assert "succeeded" not in [t for t, _ in events(job_id)]
+
+
+def test_cancel_stops_builtin_tiny_during_its_warm_start(tenant_id, data_dir, monkeypatch):
+    """The real trainer: a cancel lands while builtin:tiny is being warm-started (minutes of
+    CPU on a fresh cache) and the job is cancelled within seconds, not after the warm start."""
+    from store.settings import reset_settings_cache
+    from tests.worker.conftest import make_spec
+
+    monkeypatch.setenv("BRORL_TRAINER_ENTRYPOINT", "trainer:train")
+    monkeypatch.setenv("BRORL_CACHE_DIR", str(data_dir / "cache"))  # nothing cached: warm start
+    reset_settings_cache()
+    spec = make_spec("tiny warm start")
+    spec["task"]["reasoning_gym"].update(train_size=200, eval_size=8)
+    with session_scope() as s:
+        job_id = jobs.create_job(s, tenant_id, spec, total_steps=3, name="tiny")[0].id
+    thread, result = run_in_thread(job_id)
+    wait_for(lambda: (data_dir / "cache" / "models").is_dir() and any(
+        (data_dir / "cache" / "models").iterdir()), timeout=60)  # the build has begun
+    with session_scope() as s:
+        jobs.request_cancel(s, tenant_id, job_id)
+    cancelled_at = time.monotonic()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and result["status"] == "cancelled"
+    assert time.monotonic() - cancelled_at < 15
+    assert metric_steps(job_id) == []  # stopped before the first step
+    assert not list((data_dir / "cache" / "models").glob("tiny-*"))  # the build was abandoned
