@@ -4,6 +4,11 @@ Routes declare what they need with the `Annotated` aliases at the bottom
 (`SettingsDep`, `SessionDep`, `TenantDep`, `EnqueueDep`), as in the full-stack FastAPI
 template. Everything is read from `request.app.state`, which `api.app.create_app` fills,
 so that two apps with different settings (tests) can live in one process.
+
+Connections are held only while a route's own code runs: the key is checked in a short
+session of its own (closed before a body is read or a file streamed), and the route's
+session is closed when the route function returns, before the response is sent
+(`scope="function"`). A slow client can then not hold database connections (issue 9, item 1).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SessionMakerDep = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
 
 
@@ -50,13 +55,20 @@ def _unauthorized(message: str) -> ApiError:
 
 
 def get_current_tenant(
-    session: SessionDep,
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Tenant:
-    """The tenant owning the bearer key; 401 when the key is missing or unknown."""
+    """The tenant owning the bearer key; 401 when the key is missing or unknown.
+
+    Looked up in a session of its own, closed at once: the returned row is detached (its
+    loaded columns, id and name, stay readable).
+    """
     if credentials is None or not credentials.credentials:
         raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
-    tenant = keys.authenticate(session, credentials.credentials)
+    with request.app.state.sessionmaker(expire_on_commit=False) as session:
+        tenant = keys.authenticate(session, credentials.credentials)
+        if tenant is not None:
+            session.expunge(tenant)
     if tenant is None:
         raise _unauthorized("invalid API key")
     return tenant
