@@ -30,7 +30,9 @@ class ListPublic(BaseModel, Generic[T]):
     has_more: bool = False
 
 
-class JobPublic(_Public):
+class JobSummary(_Public):
+    """A job in a list: everything but the spec (which can be kilobytes per job)."""
+
     id: str
     object: Literal["job"] = "job"
     name: str
@@ -43,6 +45,9 @@ class JobPublic(_Public):
     step: int = Field(description="The last step that wrote metrics.")
     total_steps: int
     error: str | None = None
+
+
+class JobPublic(JobSummary):
     spec: dict[str, Any] = Field(description="The job spec as stored, defaults filled in.")
 
 

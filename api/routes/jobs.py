@@ -27,7 +27,7 @@ from trainer.spec import JobSpec
 
 from api.deps import EnqueueDep, SessionDep, TenantDep
 from api.errors import field_error
-from api.schemas import JobPublic, ListPublic
+from api.schemas import JobPublic, JobSummary, ListPublic
 
 log = logging.getLogger(__name__)
 
@@ -74,16 +74,17 @@ def create_job(spec: JobSpec, session: SessionDep, tenant: TenantDep, enqueue: E
     return public
 
 
-@router.get("", response_model=ListPublic[JobPublic])
+@router.get("", response_model=ListPublic[JobSummary])
 def list_jobs(
     session: SessionDep, tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    after: Annotated[str | None, Query(description="The last job id of the previous page.")] = None,
+    after: Annotated[str | None, Query(max_length=64,
+                                       description="The last job id of the previous page.")] = None,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
-) -> ListPublic[JobPublic]:
-    """The caller's jobs, newest first."""
+) -> ListPublic[JobSummary]:
+    """The caller's jobs, newest first, without their specs (`GET /v1/jobs/{id}` has it)."""
     rows, has_more = jobs.list_jobs(session, tenant.id, limit=limit, after=after, status=status_)
-    return ListPublic[JobPublic](data=[JobPublic.model_validate(j) for j in rows],
+    return ListPublic[JobSummary](data=[JobSummary.model_validate(j) for j in rows],
                                  has_more=has_more)
 
 
