@@ -93,3 +93,9 @@ def count_jobs_by_status(s: Session) -> dict[str, int]:
     for status, n in s.execute(select(Job.status, func.count()).group_by(Job.status)):
         counts[JobStatus(status).value] = n
     return counts
+
+def count_active_jobs(s: Session, tenant_id: int) -> int:
+    """The tenant's queued and running jobs: what the job quota is checked against."""
+    query = select(func.count(Job.id)).where(
+        Job.tenant_id == tenant_id, Job.status.in_([JobStatus.queued, JobStatus.running]))
+    return int(s.scalar(query) or 0)
