@@ -12,7 +12,7 @@ be tested without a broker. One run, top to bottom:
 3. `train(spec, DbSink, should_stop, resume=..., out_dir=..., dataset_path=...)`, where
    `should_stop` turns true on cancel, on fencing and past `limits.max_wall_seconds`.
 4. finish: succeeded, cancelled (stopped by a cancel), or failed (an exception, with a
-   `failed` event carrying the traceback, or the wall-clock limit). A fenced run writes
+   `failed` event carrying a user message (traceback in the log only), or the wall-clock limit). A fenced run writes
    nothing: the job is no longer ours. A run stopped because the worker is shutting down
    writes nothing either: the lease runs out and the reaper requeues the job.
 """
@@ -22,7 +22,6 @@ import importlib
 import logging
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -31,6 +30,7 @@ from store import artifacts, datasets, jobs
 from store.db import session_scope
 from store.errors import Fenced
 from store.settings import Settings, get_settings
+from worker.messages import user_message
 from worker.sink import DbSink
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ def run_job(job_id: str, settings: Settings | None = None) -> str | None:
     try:
         spec = JobSpec.model_validate(claim.spec)
     except Exception as exc:  # noqa: BLE001 - a stored spec that no longer validates
-        _finish(job_id, attempt, "failed", f"invalid spec: {exc}", traceback.format_exc())
+        _finish(job_id, attempt, "failed", f"invalid spec: {user_message(exc)}")
         return "failed"
     state = StopState(max_wall_seconds=spec.limits.max_wall_seconds)
     heartbeat = Heartbeat(job_id, attempt, settings, state)
@@ -196,8 +196,7 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         if state.fenced:
             return None
         log.exception("job %s failed", job_id)
-        message = f"{type(exc).__name__}: {exc}"
-        _finish(job_id, attempt, "failed", message, traceback.format_exc())
+        _finish(job_id, attempt, "failed", user_message(exc))  # traceback: logged above only
         return "failed"
     if state.fenced:
         return None
