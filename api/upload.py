@@ -22,6 +22,7 @@ from pathlib import Path
 import anyio
 from fastapi import Request
 from python_multipart.exceptions import FormParserError
+from starlette.requests import ClientDisconnect
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from api.errors import ApiError
@@ -162,6 +163,9 @@ async def receive_upload(request: Request, tmp_dir: Path, max_bytes: int,
     except FormParserError as exc:
         upload.discard()
         raise ApiError(422, f"malformed multipart body: {exc}") from None
+    except ClientDisconnect:  # the client went away: nothing to answer, nothing to log loudly
+        upload.discard()
+        raise ApiError(400, "the client disconnected during the upload") from None
     except BaseException:
         upload.discard()
         raise
