@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     app.state.settings = settings
     app.state.sessionmaker = get_sessionmaker(settings.database_url)
     app.state.enqueue = enqueue or celery_enqueue(settings)
+    app.state.auth_cache = {}  # api.deps: key hash -> (valid until, tenant)
     app.state.stream_poll_seconds = (
         stream_poll_seconds
         if stream_poll_seconds is not None

@@ -9,10 +9,13 @@ Connections are held only while a route's own code runs: the key is checked in a
 session of its own (closed before a body is read or a file streamed), and the route's
 session is closed when the route function returns, before the response is sent
 (`scope="function"`). A slow client can then not hold database connections (issue 9, item 1).
+A valid key is remembered for `settings.auth_cache_seconds` (default 5 s) to save a query per
+request, so a revoked key stops working within that time.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
@@ -28,6 +31,7 @@ from api.errors import ApiError
 
 # auto_error=False: a missing header must give our 401 (with the error shape), not
 # FastAPI's own 403/401 body.
+AUTH_CACHE_MAX = 10_000
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 
 
@@ -65,12 +69,22 @@ def get_current_tenant(
     """
     if credentials is None or not credentials.credentials:
         raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
+    cache: dict[str, tuple[float, Tenant]] = request.app.state.auth_cache
+    digest = keys.hash_key(credentials.credentials)
+    hit = cache.get(digest)
+    if hit is not None and hit[0] > time.monotonic():
+        return hit[1]
     with request.app.state.sessionmaker(expire_on_commit=False) as session:
         tenant = keys.authenticate(session, credentials.credentials)
         if tenant is not None:
             session.expunge(tenant)
     if tenant is None:
         raise _unauthorized("invalid API key")
+    ttl = request.app.state.settings.auth_cache_seconds
+    if ttl > 0:
+        if len(cache) >= AUTH_CACHE_MAX:
+            cache.clear()  # crude, but bounded; the next requests simply refill it
+        cache[digest] = (time.monotonic() + ttl, tenant)
     return tenant
 
 

@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     # or, only when allow_hub_models is true, a hub id. Workers run hub-offline otherwise.
     model_roots: str = ""
     allow_hub_models: bool = False
+    # A key found valid is trusted for this long without asking the database again (one
+    # query less per request); a revoked key therefore stops working within this time.
+    auth_cache_seconds: float = 5
     # `/metrics` shows per-status job counts only to `Authorization: Bearer <metrics_token>`.
     metrics_token: str = ""
     worker_id: str = Field(default_factory=_default_worker_id)

@@ -95,3 +95,17 @@ def test_open_streams_are_capped_per_key(settings, enqueued, auth):
         resp = client.get(f"/v1/jobs/{job}/metrics/stream", headers=auth)
         err = assert_error(resp, 429, "too_many_requests")
         assert "stream" in err["message"]
+
+
+def test_a_revoked_key_stops_working_within_the_auth_cache_time(settings, enqueued, key,
+                                                                  auth, database_url):
+    from store import keys
+    from store.db import session_scope
+
+    app = _app(settings, enqueued, auth_cache_seconds=0.5)
+    with TestClient(app) as client:
+        assert client.get("/v1/jobs", headers=auth).status_code == 200
+        with session_scope(database_url) as s:
+            assert keys.revoke_key(s, key)
+        time.sleep(0.6)
+        assert_error(client.get("/v1/jobs", headers=auth), 401)
