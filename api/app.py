@@ -21,6 +21,7 @@ from store.settings import Settings, get_settings
 from api.deps import Enqueue, celery_enqueue
 from api.errors import install_error_handlers
 from api.guards import GuardMiddleware
+from api.quotas import StreamSlots
 from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
 from api.ratelimit import RateLimitMiddleware
 from api.routes import checkpoints, datasets, events_metrics, health, jobs
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     app.state.sessionmaker = get_sessionmaker(settings.database_url)
     app.state.enqueue = enqueue or celery_enqueue(settings)
     app.state.auth_cache = {}  # api.deps: key hash -> (valid until, tenant)
+    app.state.stream_slots = StreamSlots()
     app.state.stream_poll_seconds = (
         stream_poll_seconds
         if stream_poll_seconds is not None

@@ -3,11 +3,15 @@
 Checked against the database when something is created, so they hold across API processes.
 Two creations racing past the last free slot can both pass (check, then insert): a quota is
 a guard against runaway use, not an exact accounting, so one over is accepted.
-Open streams and requests in flight are capped per key in `api.guards`; a job's disk use is
+Open metric streams are also capped per tenant in each API process (`StreamSlots`), and
+per key with requests in flight in `api.guards`; a job's disk use is
 bounded by the spec (`checkpoint.keep_last` at most 100).
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
@@ -40,3 +44,25 @@ def check_dataset_quota(session: Session, settings: Settings, tenant_id: int,
     if used + incoming_bytes > settings.max_dataset_bytes_per_tenant:
         raise _exceeded(f"datasets may use at most {settings.max_dataset_bytes_per_tenant} "
                         f"bytes per tenant ({used} used)")
+
+
+class StreamSlots:
+    """Open metric streams per tenant in this API process (`max_streams_per_tenant`)."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, int] = defaultdict(int)
+
+    def acquire(self, tenant_id: int, limit: int) -> Callable[[], None]:
+        """Take a slot or raise 429; returns a release function that is safe to call twice."""
+        if self._open[tenant_id] >= limit:
+            raise _exceeded(f"at most {limit} open metric streams per tenant")
+        self._open[tenant_id] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._open[tenant_id] -= 1
+
+        return release

@@ -16,13 +16,14 @@ Reconnecting clients send `Last-Event-ID` (the last step seen), or `?after_step=
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Header, Query, Request
 from sqlalchemy.orm import Session, sessionmaker
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
 from store import jobs
 from store.models import TERMINAL_STATUSES, JobStatus
@@ -146,9 +147,21 @@ def stream_metrics(
     # instead of holding it for as long as the stream stays open.
     session.close()
     state = request.app.state
+    release = state.stream_slots.acquire(tenant_id, state.settings.max_streams_per_tenant)
+    # Released when the generator ends and, in case it never started, after the response.
     return EventSourceResponse(
-        _metric_events(state.sessionmaker, tenant_id, job_id, start,
-                       state.stream_poll_seconds),
+        _released_after(_metric_events(state.sessionmaker, tenant_id, job_id, start,
+                                       state.stream_poll_seconds), release),
         ping=PING_SECONDS,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        background=BackgroundTask(release),
     )
+
+
+async def _released_after(events: AsyncIterator[ServerSentEvent],
+                          release: Callable[[], None]) -> AsyncIterator[ServerSentEvent]:
+    try:
+        async for event in events:
+            yield event
+    finally:
+        release()

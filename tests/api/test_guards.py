@@ -109,3 +109,35 @@ def test_a_revoked_key_stops_working_within_the_auth_cache_time(settings, enqueu
             assert keys.revoke_key(s, key)
         time.sleep(0.6)
         assert_error(client.get("/v1/jobs", headers=auth), 401)
+
+
+def test_open_streams_are_capped_per_tenant(settings, enqueued, auth, other_auth):
+    app = _app(settings, enqueued, max_streams_per_tenant=0)
+    with TestClient(app) as client:
+        job = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
+        err = assert_error(client.get(f"/v1/jobs/{job}/metrics/stream", headers=auth), 429,
+                           "quota_exceeded")
+        assert "streams per tenant" in err["message"]
+
+
+def test_stream_slots_are_given_back():
+    from api.quotas import StreamSlots
+
+    slots = StreamSlots()
+    release = slots.acquire(1, limit=1)
+    with pytest.raises(Exception, match="streams per tenant"):
+        slots.acquire(1, limit=1)
+    release()
+    release()  # twice is harmless
+    slots.acquire(1, limit=1)()
+    assert slots.acquire(2, limit=1)  # other tenants have their own
+
+
+def test_a_finished_stream_gives_its_slot_back(settings, enqueued, auth):
+    app = _app(settings, enqueued, max_streams_per_tenant=1)
+    with TestClient(app) as client:
+        job = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
+        client.post(f"/v1/jobs/{job}/cancel", headers=auth)  # terminal: the stream ends at once
+        for _ in range(3):
+            resp = client.get(f"/v1/jobs/{job}/metrics/stream", headers=auth)
+            assert resp.status_code == 200 and "event: end" in resp.text
