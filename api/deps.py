@@ -22,6 +22,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from store import keys
 from store.models import Tenant
@@ -58,14 +59,23 @@ def _unauthorized(message: str) -> ApiError:
     return ApiError(401, message, headers={"WWW-Authenticate": "Bearer"})
 
 
-def get_current_tenant(
+def _lookup_tenant(request: Request, key: str) -> Tenant | None:
+    """The key's tenant from a session of its own, closed at once (the row is detached;
+    its loaded columns, id and name, stay readable)."""
+    with request.app.state.sessionmaker(expire_on_commit=False) as session:
+        tenant = keys.authenticate(session, key)
+        if tenant is not None:
+            session.expunge(tenant)
+    return tenant
+
+
+async def get_current_tenant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Tenant:
     """The tenant owning the bearer key; 401 when the key is missing or unknown.
 
-    Looked up in a session of its own, closed at once: the returned row is detached (its
-    loaded columns, id and name, stay readable).
+    Async so that a cache hit costs no thread-pool hop; a miss queries in a worker thread.
     """
     if credentials is None or not credentials.credentials:
         raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
@@ -74,10 +84,7 @@ def get_current_tenant(
     hit = cache.get(digest)
     if hit is not None and hit[0] > time.monotonic():
         return hit[1]
-    with request.app.state.sessionmaker(expire_on_commit=False) as session:
-        tenant = keys.authenticate(session, credentials.credentials)
-        if tenant is not None:
-            session.expunge(tenant)
+    tenant = await run_in_threadpool(_lookup_tenant, request, credentials.credentials)
     if tenant is None:
         raise _unauthorized("invalid API key")
     ttl = request.app.state.settings.auth_cache_seconds
