@@ -67,6 +67,21 @@ def test_a_stalled_body_times_out_with_408(settings, enqueued, key):
     assert "request_timeout" in answer
 
 
+def test_a_stalled_json_body_times_out_with_408(settings, enqueued, key):
+    import socket
+
+    app = _app(settings, enqueued, body_idle_timeout_s=0.3)
+    with serve(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall((f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                          "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+                          ).encode())
+            sock.settimeout(10)
+            answer = sock.recv(4096).decode()
+    assert answer.startswith("HTTP/1.1 408"), answer
+
+
 def test_rate_limit_is_429_with_retry_after(settings, enqueued, auth, other_auth):
     app = _app(settings, enqueued, rate_limit_per_s=1, rate_limit_burst=3)
     with TestClient(app) as client:
