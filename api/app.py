@@ -20,7 +20,10 @@ from store.settings import Settings, get_settings
 
 from api.deps import Enqueue, celery_enqueue
 from api.errors import install_error_handlers
+from api.guards import GuardMiddleware
+from api.quotas import StreamSlots
 from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
+from api.ratelimit import RateLimitMiddleware
 from api.routes import checkpoints, datasets, events_metrics, health, jobs
 
 API_VERSION = "1.0.0"
@@ -61,14 +64,21 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     app.state.settings = settings
     app.state.sessionmaker = get_sessionmaker(settings.database_url)
     app.state.enqueue = enqueue or celery_enqueue(settings)
+    app.state.auth_cache = {}  # api.deps: key hash -> (valid until, tenant)
+    app.state.stream_slots = StreamSlots()
     app.state.stream_poll_seconds = (
         stream_poll_seconds
         if stream_poll_seconds is not None
         else float(getattr(settings, "stream_poll_seconds", DEFAULT_STREAM_POLL_SECONDS)))
 
-    registry = CollectorRegistry()
-    app.state.metrics = ApiMetrics(registry)
-    registry.register(JobsByStatusCollector(lambda: app.state.sessionmaker))
+    app.state.metrics = ApiMetrics(CollectorRegistry())
+    # Job counts describe every tenant: a registry of their own, shown only with the token.
+    app.state.private_metrics = CollectorRegistry()
+    app.state.private_metrics.register(JobsByStatusCollector(lambda: app.state.sessionmaker))
+    # Added innermost first: Prometheus sees every answer, rate limiting runs before the guards.
+    app.add_middleware(GuardMiddleware, settings=settings)
+    app.add_middleware(RateLimitMiddleware, rate=settings.rate_limit_per_s,
+                       burst=settings.rate_limit_burst)
     app.add_middleware(PrometheusMiddleware, metrics=app.state.metrics)
 
     install_error_handlers(app)

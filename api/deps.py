@@ -4,16 +4,25 @@ Routes declare what they need with the `Annotated` aliases at the bottom
 (`SettingsDep`, `SessionDep`, `TenantDep`, `EnqueueDep`), as in the full-stack FastAPI
 template. Everything is read from `request.app.state`, which `api.app.create_app` fills,
 so that two apps with different settings (tests) can live in one process.
+
+Connections are held only while a route's own code runs: the key is checked in a short
+session of its own (closed before a body is read or a file streamed), and the route's
+session is closed when the route function returns, before the response is sent
+(`scope="function"`). A slow client can then not hold database connections (issue 9, item 1).
+A valid key is remembered for `settings.auth_cache_seconds` (default 5 s) to save a query per
+request, so a revoked key stops working within that time.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from store import keys
 from store.models import Tenant
@@ -23,6 +32,7 @@ from api.errors import ApiError
 
 # auto_error=False: a missing header must give our 401 (with the error shape), not
 # FastAPI's own 403/401 body.
+AUTH_CACHE_MAX = 10_000
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 
 
@@ -41,7 +51,7 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SessionMakerDep = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
 
 
@@ -49,16 +59,39 @@ def _unauthorized(message: str) -> ApiError:
     return ApiError(401, message, headers={"WWW-Authenticate": "Bearer"})
 
 
-def get_current_tenant(
-    session: SessionDep,
+def _lookup_tenant(request: Request, key: str) -> Tenant | None:
+    """The key's tenant from a session of its own, closed at once (the row is detached;
+    its loaded columns, id and name, stay readable)."""
+    with request.app.state.sessionmaker(expire_on_commit=False) as session:
+        tenant = keys.authenticate(session, key)
+        if tenant is not None:
+            session.expunge(tenant)
+    return tenant
+
+
+async def get_current_tenant(
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Tenant:
-    """The tenant owning the bearer key; 401 when the key is missing or unknown."""
+    """The tenant owning the bearer key; 401 when the key is missing or unknown.
+
+    Async so that a cache hit costs no thread-pool hop; a miss queries in a worker thread.
+    """
     if credentials is None or not credentials.credentials:
         raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
-    tenant = keys.authenticate(session, credentials.credentials)
+    cache: dict[str, tuple[float, Tenant]] = request.app.state.auth_cache
+    digest = keys.hash_key(credentials.credentials)
+    hit = cache.get(digest)
+    if hit is not None and hit[0] > time.monotonic():
+        return hit[1]
+    tenant = await run_in_threadpool(_lookup_tenant, request, credentials.credentials)
     if tenant is None:
         raise _unauthorized("invalid API key")
+    ttl = request.app.state.settings.auth_cache_seconds
+    if ttl > 0:
+        if len(cache) >= AUTH_CACHE_MAX:
+            cache.clear()  # crude, but bounded; the next requests simply refill it
+        cache[digest] = (time.monotonic() + ttl, tenant)
     return tenant
 
 

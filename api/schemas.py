@@ -30,7 +30,9 @@ class ListPublic(BaseModel, Generic[T]):
     has_more: bool = False
 
 
-class JobPublic(_Public):
+class JobSummary(_Public):
+    """A job in a list: everything but the spec (which can be kilobytes per job)."""
+
     id: str
     object: Literal["job"] = "job"
     name: str
@@ -45,6 +47,9 @@ class JobPublic(_Public):
     error: str | None = None
     warning: str | None = Field(None, description="The trainer's latest warning (e.g. the job "
                                                   "cannot learn, and which field to change).")
+
+
+class JobPublic(JobSummary):
     spec: dict[str, Any] = Field(description="The job spec as stored, defaults filled in.")
 
 

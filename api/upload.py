@@ -22,12 +22,14 @@ from pathlib import Path
 import anyio
 from fastapi import Request
 from python_multipart.exceptions import FormParserError
+from starlette.requests import ClientDisconnect
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from api.errors import ApiError
 
 MULTIPART_OVERHEAD = 64 * 1024
 MAX_FIELD_BYTES = 4096  # plain form fields (the dataset name) are small
+MAX_PARTS = 8
 
 
 @dataclass
@@ -65,8 +67,12 @@ class _Parts:
         self.filename: str | None = None
         self.file_seen = False
         self.pending: list[bytes] = []  # file data to write after this chunk was parsed
+        self.parts = 0
 
     def on_part_begin(self) -> None:
+        self.parts += 1
+        if self.parts > MAX_PARTS:
+            raise ApiError(422, f"at most {MAX_PARTS} multipart parts")
         self.disposition, self.current, self.is_file = b"", None, False
         self.field_buf = bytearray()
 
@@ -138,7 +144,12 @@ async def receive_upload(request: Request, tmp_dir: Path, max_bytes: int,
     try:
         with os.fdopen(fd, "wb") as out:
             parser = MultipartParser(boundary, parts.callbacks())
+            received = 0
             async for chunk in request.stream():
+                # Every byte counts, form fields and part headers too, not just the file's.
+                received += len(chunk)
+                if received > max_bytes + MULTIPART_OVERHEAD:
+                    raise too_large(max_bytes)
                 parser.write(chunk)
                 for piece in parts.pending:
                     upload.nbytes += len(piece)
@@ -152,6 +163,9 @@ async def receive_upload(request: Request, tmp_dir: Path, max_bytes: int,
     except FormParserError as exc:
         upload.discard()
         raise ApiError(422, f"malformed multipart body: {exc}") from None
+    except ClientDisconnect:  # the client went away: nothing to answer, nothing to log loudly
+        upload.discard()
+        raise ApiError(400, "the client disconnected during the upload") from None
     except BaseException:
         upload.discard()
         raise

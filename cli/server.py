@@ -1,4 +1,4 @@
-"""`brorl` commands that run the service: up, demo, worker, migrate, keys create.
+"""`brorl` commands that run the service: up, demo, worker, migrate, keys create|list|revoke.
 
 `brorl up` is the embedded default: SQLite for the database and the Celery broker (files in
 the data dir), the API (uvicorn) and one worker as child processes, no server to install.
@@ -276,3 +276,36 @@ def register(app: typer.Typer) -> None:
         with session_scope() as s:
             key = keys.create_key(s, tenant)
         typer.echo(key)
+
+    @keys_app.command("list")
+    def keys_list(tenant: Optional[str] = typer.Option(None, "--tenant"),
+                  data_dir: Optional[Path] = typer.Option(None, "--data-dir")):
+        """List API keys: id, tenant, display prefix, created, revoked (secrets are not stored)."""
+        _use_data_dir(data_dir)
+        from store import keys
+        from store.db import session_scope
+
+        with session_scope() as s:
+            rows = [(k.id, name, k.prefix, k.created_at, k.revoked_at)
+                    for k, name in keys.list_all_keys(s, tenant)]
+        typer.echo("id\ttenant\tprefix\tcreated\trevoked")
+        for key_id, name, prefix, created, revoked in rows:
+            typer.echo(f"{key_id}\t{name}\t{prefix}\t{created:%Y-%m-%d %H:%M}\t"
+                       f"{f'{revoked:%Y-%m-%d %H:%M}' if revoked else '-'}")
+
+    @keys_app.command("revoke")
+    def keys_revoke(ref: str = typer.Argument(..., help="A key id or prefix, as `keys list` shows."),
+                    data_dir: Optional[Path] = typer.Option(None, "--data-dir")):
+        """Revoke an API key at once: its next request is a 401."""
+        _use_data_dir(data_dir)
+        from store import keys
+        from store.db import session_scope
+
+        with session_scope() as s:
+            found = keys.find_keys(s, ref)
+            if len(found) != 1:
+                typer.echo(f"{'no key' if not found else f'{len(found)} keys'} match {ref!r}; "
+                           f"give a key id from `brorl keys list`", err=True)
+                raise typer.Exit(1)
+            revoked = keys.revoke_key_id(s, found[0].id)
+        typer.echo(f"revoked key {found[0].id}" if revoked else f"key {found[0].id} was already revoked")

@@ -6,7 +6,7 @@ new_dataset_id()), then records it here, so a row never points at a half-written
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from store.models import Dataset, new_ulid
@@ -55,3 +55,11 @@ def list_datasets(
     if after is not None:
         query = query.where(Dataset.id < after)
     return list(s.scalars(query.order_by(Dataset.id.desc()).limit(limit)))
+
+
+def usage(s: Session, tenant_id: int) -> tuple[int, int]:
+    """(datasets, bytes) the tenant has stored: what the upload quota is checked against."""
+    count, nbytes = s.execute(
+        select(func.count(Dataset.id), func.coalesce(func.sum(Dataset.bytes), 0))
+        .where(Dataset.tenant_id == tenant_id)).one()
+    return int(count), int(nbytes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Select, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from store.models import Checkpoint, Job, JobEvent, JobStatus, Metric
 
@@ -39,9 +39,10 @@ def list_jobs(
     """The tenant's jobs newest first; `after` is the last id of the previous page.
 
     Ids sort by creation time (ULID), so "older than the cursor" is simply `id < after`.
-    Returns (jobs, has_more).
+    Returns (jobs, has_more). The spec column is not loaded (lists do not show it; a spec
+    can be kilobytes, and reading it back for every row made large lists slow).
     """
-    query = select(Job).where(Job.tenant_id == tenant_id)
+    query = select(Job).options(defer(Job.spec)).where(Job.tenant_id == tenant_id)
     if status is not None:
         query = query.where(Job.status == JobStatus(status))
     if after is not None:
@@ -96,3 +97,9 @@ def count_jobs_by_status(s: Session) -> dict[str, int]:
     for status, n in s.execute(select(Job.status, func.count()).group_by(Job.status)):
         counts[JobStatus(status).value] = n
     return counts
+
+def count_active_jobs(s: Session, tenant_id: int) -> int:
+    """The tenant's queued and running jobs: what the job quota is checked against."""
+    query = select(func.count(Job.id)).where(
+        Job.tenant_id == tenant_id, Job.status.in_([JobStatus.queued, JobStatus.running]))
+    return int(s.scalar(query) or 0)

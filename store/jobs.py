@@ -223,7 +223,9 @@ def claim(s: Session, job_id: str, worker_id: str, lease_seconds: float) -> Clai
     if row is None:
         s.rollback()
         return None
-    _event(s, job_id, EventType.started, attempt=row.attempt, worker_id=worker_id)
+    # No worker id in the event: it is hostname-PID, an internal the tenant must not see
+    # (the lease_owner column keeps it for operators).
+    _event(s, job_id, EventType.started, attempt=row.attempt)
     s.commit()
     return Claim(job_id=job_id, attempt=row.attempt, spec=row.spec, tenant_id=row.tenant_id)
 

@@ -72,3 +72,33 @@ def revoke_key(s: Session, key: str) -> bool:
 def list_keys(s: Session, tenant_id: int) -> list[ApiKey]:
     """A tenant's keys (prefix and dates only; the secret is not recoverable)."""
     return list(s.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id)))
+
+
+def list_all_keys(s: Session, tenant_name: str | None = None) -> list[tuple[ApiKey, str]]:
+    """(key, tenant name) for every key, or one tenant's: for operators (`brorl keys list`)."""
+    query = select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id)
+    if tenant_name is not None:
+        query = query.where(Tenant.name == tenant_name)
+    return [(k, name) for k, name in s.execute(query.order_by(ApiKey.id))]
+
+
+def find_keys(s: Session, ref: str) -> list[ApiKey]:
+    """Keys matching `ref`: a key id (as listed), or the start of its display prefix."""
+    if ref.isdigit():
+        key = s.get(ApiKey, int(ref))
+        return [key] if key is not None else []
+    if len(ref) < len(KEY_PREFIX) + 2:  # "brorl_" alone would match every key
+        return []
+    return list(s.scalars(select(ApiKey).where(ApiKey.prefix.startswith(ref[:DISPLAY_PREFIX_CHARS],
+                                                                        autoescape=True))))
+
+
+def revoke_key_id(s: Session, key_id: int) -> bool:
+    """Revoke a key by its id; returns whether an active key was revoked."""
+    stmt = (
+        update(ApiKey)
+        .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return s.execute(stmt).rowcount == 1

@@ -56,6 +56,37 @@ class Settings(BaseSettings):
     # Dotted "module:function" the worker calls as train(spec, sink, should_stop, resume);
     # tests point it at a double.
     trainer_entrypoint: str = "trainer:train"
+
+    # --- API hardening (api/guards.py, api/ratelimit.py, api/quotas.py; README "Limits").
+    # A JSON body (a job spec) larger than this is a 413 before it is parsed.
+    max_json_bytes: int = 256 * 1024
+    # A request body that sends nothing for body_idle_timeout_s, or has not finished after
+    # body_timeout_s, is a 408; a response the client does not read for send_idle_timeout_s
+    # is dropped. Slow clients then cannot pin a worker's connections for ever.
+    body_idle_timeout_s: float = 30
+    body_timeout_s: float = 600
+    send_idle_timeout_s: float = 60
+    # Per API key, per API process: requests in flight (streams not counted) and open streams.
+    max_concurrent_per_key: int = 8
+    max_streams_per_key: int = 5
+    # Token bucket per API key, per API process; 0 turns rate limiting off.
+    rate_limit_per_s: float = 20
+    rate_limit_burst: int = 40
+    # Per tenant, checked in the database when a job or dataset is created.
+    max_active_jobs_per_tenant: int = 20
+    max_datasets_per_tenant: int = 100
+    max_dataset_bytes_per_tenant: int = 10 * 1024 * MIB
+    max_dataset_line_bytes: int = 1 * MIB
+    max_streams_per_tenant: int = 20  # open metric streams, per API process
+    # `model.path` may be builtin:tiny, a folder under one of these roots (os.pathsep-separated),
+    # or, only when allow_hub_models is true, a hub id. Workers run hub-offline otherwise.
+    model_roots: str = ""
+    allow_hub_models: bool = False
+    # A key found valid is trusted for this long without asking the database again (one
+    # query less per request); a revoked key therefore stops working within this time.
+    auth_cache_seconds: float = 5
+    # `/metrics` shows per-status job counts only to `Authorization: Bearer <metrics_token>`.
+    metrics_token: str = ""
     worker_id: str = Field(default_factory=_default_worker_id)
 
     @model_validator(mode="before")
@@ -75,6 +106,9 @@ class Settings(BaseSettings):
             Path(artifact_dir).expanduser() if artifact_dir else data_dir / "artifacts"
         )
         return data
+
+    def model_root_paths(self) -> list[Path]:
+        return [Path(p).expanduser() for p in self.model_roots.split(os.pathsep) if p.strip()]
 
     def ensure_dirs(self) -> None:
         """Create the data and artifact folders (on demand, not at import time)."""

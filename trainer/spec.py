@@ -28,8 +28,16 @@ MAX_SAMPLES_PER_STEP = 1_048_576
 MAX_TOTAL_STEPS = 1_000_000
 
 
+MAX_TASK_CONFIG_BYTES = 16 * 1024
+MAX_EVAL_K = 16
+MAX_KEEP_LAST = 100
+MAX_WALL_SECONDS = 30 * 86_400
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: JSON's NaN/Infinity literals are refused in every float field
+    # (a NaN weight_decay once trained a NaN model; Postgres and SQLite then disagree on it).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class FieldError(ValueError):
@@ -68,14 +76,28 @@ def reasoning_gym_task_names() -> tuple[str, ...]:
 
 
 class ReasoningGymTask(_Frozen):
-    name: str = Field(..., min_length=1, description="A registered reasoning-gym task.")
-    config: dict[str, Any] = Field(default_factory=dict, description="The task's config fields.")
+    name: str = Field(..., min_length=1, max_length=200, description="A registered reasoning-gym task.")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"The task's config fields (at most {MAX_TASK_CONFIG_BYTES} bytes as JSON).")
     train_size: int = Field(10_000, ge=1, le=10_000_000)
     eval_size: int = Field(200, ge=1, le=100_000)
     eval_disjoint: bool = Field(
         True, description="Drop eval questions that also occur in the training split. A closed "
         "task space (e.g. one-digit sums) has few unseen questions: false samples eval from the "
         "same generator with another seed, overlaps allowed.")
+
+    @field_validator("config")
+    @classmethod
+    def _small_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        # Stored with the job and sent back on every read: a few KB, not megabytes of junk.
+        try:
+            size = len(json.dumps(config, allow_nan=False))
+        except (ValueError, TypeError, RecursionError):
+            raise ValueError("must be plain JSON without NaN or Infinity") from None
+        if size > MAX_TASK_CONFIG_BYTES:
+            raise ValueError(f"is {size} bytes as JSON; at most {MAX_TASK_CONFIG_BYTES}")
+        return config
 
     @field_validator("name")
     @classmethod
@@ -105,7 +127,7 @@ class DatasetTask(_Frozen):
     id: str = Field(..., min_length=1, max_length=64, description="An uploaded JSONL dataset (ds_...).")
     verifier: Literal["exact", "numeric", "math", "regex"] = "exact"
     eval_fraction: float = Field(0.05, gt=0, lt=1)
-    numeric_tolerance: float = Field(1e-6, ge=0, description="Relative tolerance for `numeric`.")
+    numeric_tolerance: float = Field(1e-6, ge=0, le=1e6, description="Relative tolerance for `numeric`.")
 
 
 class TaskSpec(_Frozen):
@@ -179,14 +201,14 @@ class RolloutSpec(_Frozen):
 class OptimSpec(_Frozen):
     lr: float = Field(1e-6, gt=0, le=0.01, description="LR at the first stage's batch B0 = prompts x n.")
     lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_TOTAL_STEPS)
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip: float | None = Field(1.0, gt=0, description="Max global grad norm; null = off.")
+    weight_decay: float = Field(0.01, ge=0, le=10)
+    grad_clip: float | None = Field(1.0, gt=0, le=1e6, description="Max global grad norm; null = off.")
     optimizer_state: Literal["fp32", "8bit"] = Field(
         "fp32", description="AdamW state: fp32 (8 bytes/param) or 8bit (bitsandbytes, 2 bytes/param).")
     max_nonfinite_steps: int = Field(
-        3, ge=1, description="Updates in a row with a non-finite loss or gradient before the job fails.")
+        3, ge=1, le=1000, description="Updates in a row with a non-finite loss or gradient before the job fails.")
 
 
 class AlgoSpec(_Frozen):
@@ -195,21 +217,21 @@ class AlgoSpec(_Frozen):
         "sample", description="reinforce_pp_baseline's batch whitening: over samples (each "
                               "response counts once) or over tokens (OpenRLHF's choice).")
     clip_low: float = Field(0.2, gt=0, lt=1)
-    clip_high: float = Field(0.27, gt=0)
-    kl_coef: float = Field(1e-4, ge=0)
+    clip_high: float = Field(0.27, gt=0, le=100)
+    kl_coef: float = Field(1e-4, ge=0, le=1e3)
     kl_estimator: Literal["k1", "k2", "k3"] = "k2"
-    ref_reset_every: int | None = Field(300, ge=1, description="Steps; null = never.")
+    ref_reset_every: int | None = Field(300, ge=1, le=MAX_TOTAL_STEPS, description="Steps; null = never.")
     dynamic_sampling: bool = True
     max_refill_rounds: int = Field(3, ge=0, le=100)
     is_truncation: tuple[float, float] | None = (0.5, 5.0)
-    mini_batches: int = Field(4, ge=1)
-    micro_batch_tokens: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
-    truncated_reward: float = 0.0
+    mini_batches: int = Field(4, ge=1, le=MAX_SAMPLES_PER_STEP)
+    micro_batch_tokens: Literal["auto"] | Annotated[int, Field(ge=1, le=2**31 - 1)] = "auto"
+    truncated_reward: float = Field(0.0, ge=-1e6, le=1e6)
     max_oversample: float = Field(
         4.0, ge=1, le=64, description="Cap on generating 1/keep_rate times the missing prompts.")
     stall_steps: int = Field(
-        10, ge=1, description="Steps in a row with every response truncated or no group kept "
-                              "before a warning.")
+        10, ge=1, le=MAX_TOTAL_STEPS, description="Steps in a row with every response truncated or "
+                                                  "no group kept before a warning.")
     fail_on_stall: bool = Field(False, description="Fail the job instead of only warning.")
 
     @field_validator("clip_high")
@@ -229,9 +251,10 @@ class AlgoSpec(_Frozen):
 
 
 class EvalSpec(_Frozen):
-    every: int = Field(50, ge=0, description="Steps; 0 = only at the end.")
+    every: int = Field(50, ge=0, le=MAX_TOTAL_STEPS, description="Steps; 0 = only at the end.")
     samples_per_prompt: int = Field(16, ge=1, le=4096)
-    k: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
+    k: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1, 4, 16], min_length=1, max_length=MAX_EVAL_K)
     temperature: float = Field(0.6, gt=0, le=2)
     top_p: float = Field(0.95, gt=0, le=1)
 
@@ -244,12 +267,13 @@ class EvalSpec(_Frozen):
 
 
 class CheckpointSpec(_Frozen):
-    every: int = Field(50, ge=0, description="Steps; 0 = only at the end.")
-    keep_last: int = Field(3, ge=1)
+    every: int = Field(50, ge=0, le=MAX_TOTAL_STEPS, description="Steps; 0 = only at the end.")
+    # Bounded so that one job's checkpoints cannot fill the artifact volume.
+    keep_last: int = Field(3, ge=1, le=MAX_KEEP_LAST)
 
 
 class LimitsSpec(_Frozen):
-    max_wall_seconds: int = Field(86_400, ge=1)
+    max_wall_seconds: int = Field(86_400, ge=1, le=MAX_WALL_SECONDS)
     max_attempts: int = Field(3, ge=1, le=100)
 
 

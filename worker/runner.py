@@ -14,8 +14,8 @@ be tested without a broker. One run, top to bottom:
    once the job is not ours (so a fenced run saves nothing on its way out). `out_dir` is
    this attempt's own folder (`jobs/<id>/attempt-<n>`): attempts never share files.
 4. finish: succeeded (cancelled if a cancel was requested meanwhile), cancelled (stopped by
-   a cancel), or failed (an exception, with a
-   `failed` event carrying the traceback, or the wall-clock limit). A fenced run writes
+   a cancel), or failed (an exception, with a `failed` event carrying a user message; the
+   traceback goes to the worker log only, or the wall-clock limit). A fenced run writes
    nothing: the job is no longer ours. A run stopped because the worker is shutting down
    writes nothing either: the lease runs out and the reaper requeues the job.
 """
@@ -26,7 +26,6 @@ import logging
 import shutil
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -37,6 +36,7 @@ from store.errors import Fenced
 from store.models import Checkpoint
 from store.settings import Settings, get_settings
 from trainer import ckpt_format
+from worker.messages import user_message
 from worker.sink import DbSink
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ def run_job(job_id: str, settings: Settings | None = None) -> str | None:
     try:
         spec = JobSpec.model_validate(claim.spec)
     except Exception as exc:  # noqa: BLE001 - a stored spec that no longer validates
-        _finish(job_id, attempt, "failed", f"invalid spec: {exc}", traceback.format_exc())
+        _finish(job_id, attempt, "failed", f"invalid spec: {user_message(exc)}")
         return "failed"
     state = StopState(max_wall_seconds=spec.limits.max_wall_seconds,
                       lease_seconds=settings.lease_seconds, job_id=job_id, attempt=attempt)
@@ -239,8 +239,7 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         if state.fenced:
             return None
         log.exception("job %s failed", job_id)
-        message = f"{type(exc).__name__}: {exc}"
-        return _finish(job_id, attempt, "failed", message, traceback.format_exc())
+        return _finish(job_id, attempt, "failed", user_message(exc))  # traceback: logged above only
     if state.fenced:
         return None
     if state.shutdown and not state.cancel_requested:

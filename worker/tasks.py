@@ -7,9 +7,12 @@ retry mechanism, bounded by the job's `limits.max_attempts`.
 """
 from __future__ import annotations
 
-from celery.signals import worker_shutting_down
+import os
+
+from celery.signals import worker_init, worker_shutting_down
 
 from worker import runner
+from store.settings import get_settings
 from worker.celery_app import REAP_TASK, RUN_JOB_TASK, app, enqueue_job
 
 
@@ -32,3 +35,11 @@ def _stop_running_job(**_: object) -> None:
     # warm shutdown finishes them or the stop grace period kills them; either way the lease
     # and the reaper recover the job.
     runner.request_shutdown()
+
+
+@worker_init.connect
+def _hub_offline_unless_allowed(**_: object) -> None:
+    # The API only accepts hub ids with BRORL_ALLOW_HUB_MODELS; a worker that is not allowed
+    # them never downloads, even for a spec that reached it another way.
+    if not get_settings().allow_hub_models:
+        os.environ["HF_HUB_OFFLINE"] = "1"

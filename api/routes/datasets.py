@@ -2,8 +2,8 @@
 
 An upload is all-or-nothing. The body streams into a temp file beside the final location
 (`api.upload`: 413 as soon as it passes `settings.max_upload_bytes`), every line is checked
-with the trainer's own `validate_jsonl` (so the API refuses exactly what the trainer could not
-read; a bad line is a 422 naming its number), then the file is renamed into place and only
+with the trainer's own rules (`count_valid_rows`, one line at a time, so memory stays at one
+line; the API refuses exactly what the trainer could not read; a bad line is a 422 naming its number), then the file is renamed into place and only
 then is its row inserted. Any failure on the way deletes the temp file and inserts nothing;
 a failing insert deletes the renamed file too.
 """
@@ -26,6 +26,7 @@ from store.settings import Settings
 
 from api.deps import SessionDep, SettingsDep, TenantDep
 from api.errors import ApiError
+from api.quotas import check_dataset_quota
 from api.schemas import DatasetPublic, ListPublic
 from api.upload import Upload, receive_upload
 
@@ -51,14 +52,14 @@ _UPLOAD_BODY = {
 }
 
 
-def _count_rows(path: Path) -> int:
-    """Rows of a valid JSONL file; ApiError 422 naming the first bad line."""
+def _count_rows(path: Path, max_line_bytes: int) -> int:
+    """Rows of a valid JSONL file, checked one line at a time; 422 naming the first bad line."""
     # Imported here: the trainer's task package is only needed by this route.
-    from trainer.tasks.dataset_task import DatasetFormatError, validate_jsonl
+    from trainer.tasks.dataset_task import DatasetFormatError, count_valid_rows
 
     try:
         with path.open("rb") as fh:
-            return len(validate_jsonl(fh))
+            return count_valid_rows(fh, max_line_bytes)
     except DatasetFormatError as exc:
         # str(exc) starts with "line N: ..." (or "dataset: ..." for whole-file problems).
         raise ApiError(422, f"invalid dataset: {exc}", field="file") from None
@@ -75,7 +76,8 @@ def _store(session: Session, settings: Settings, tenant_id: int, upload: Upload,
            name: str) -> DatasetPublic:
     """Validate the temp file, move it into place and record it (runs in a thread)."""
     assert upload.path is not None
-    rows = _count_rows(upload.path)
+    rows = _count_rows(upload.path, settings.max_dataset_line_bytes)
+    check_dataset_quota(session, settings, tenant_id, incoming_bytes=upload.nbytes)
     dataset_id = datasets.new_dataset_id()
     final = dataset_path(settings, dataset_id)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -99,6 +101,10 @@ def _store(session: Session, settings: Settings, tenant_id: int, upload: Upload,
 async def upload_dataset(request: Request, session: SessionDep, settings: SettingsDep,
                          tenant: TenantDep) -> DatasetPublic:
     """Upload a JSONL dataset (multipart: `file`, optional `name`)."""
+    # Checked before the body is read, in a short session of its own: the route's session
+    # must not hold a connection while a (possibly slow) body streams in.
+    with request.app.state.sessionmaker() as quota_session:
+        check_dataset_quota(quota_session, settings, tenant.id)
     tmp_dir = dataset_path(settings, "x").parent  # the final folder: the move is a rename
     upload = await receive_upload(request, tmp_dir, settings.max_upload_bytes)
     try:
@@ -112,7 +118,8 @@ async def upload_dataset(request: Request, session: SessionDep, settings: Settin
 def list_datasets(
     session: SessionDep, tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    after: Annotated[str | None, Query(description="The last dataset id of the previous page.")] = None,
+    after: Annotated[str | None, Query(max_length=64,
+                                       description="The last dataset id of the previous page.")] = None,
 ) -> ListPublic[DatasetPublic]:
     """The caller's datasets, newest first."""
     rows = datasets.list_datasets(session, tenant.id, limit=limit + 1, after=after)

@@ -16,16 +16,18 @@ Reconnecting clients send `Last-Event-ID` (the last step seen), or `?after_step=
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Header, Query, Request
 from sqlalchemy.orm import Session, sessionmaker
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
 from store import jobs
 from store.models import TERMINAL_STATUSES, JobStatus
+from trainer.spec import MAX_TOTAL_STEPS
 
 from api.deps import SessionDep, TenantDep
 from api.errors import ApiError
@@ -36,12 +38,19 @@ router = APIRouter(prefix="/jobs/{job_id}", tags=["events & metrics"])
 
 STREAM_BATCH = 500  # metric rows per poll; a backlog is drained without waiting between pages
 PING_SECONDS = 15
+# Every integer parameter is bounded, so none reaches the database as an out-of-range
+# BIGINT (a 500 before). Event ids stay within what a JavaScript number holds exactly.
+MAX_EVENT_ID = 2**53
+MIN_STEP, MAX_STEP = -1, MAX_TOTAL_STEPS
+AfterStep = Annotated[int | None, Query(ge=MIN_STEP, le=MAX_STEP,
+                                        description="Only steps after this one.")]
 
 
 @router.get("/events", response_model=ListPublic[EventPublic])
 def list_events(
     job_id: str, session: SessionDep, tenant: TenantDep,
-    after: Annotated[int | None, Query(description="The last event id seen.")] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID,
+                                       description="The last event id seen.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ListPublic[EventPublic]:
     """Events oldest first."""
@@ -54,7 +63,7 @@ def list_events(
 @router.get("/metrics", response_model=ListPublic[MetricPublic])
 def list_metrics(
     job_id: str, session: SessionDep, tenant: TenantDep,
-    after_step: Annotated[int | None, Query(description="Only steps after this one.")] = None,
+    after_step: AfterStep = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> ListPublic[MetricPublic]:
     """Metric rows by ascending step."""
@@ -69,9 +78,13 @@ def _resume_step(last_event_id: str | None, after_step: int | None) -> int | Non
     if last_event_id is None or last_event_id.strip() == "":
         return after_step
     try:
-        return int(last_event_id)
+        step = int(last_event_id)
     except ValueError:
-        raise ApiError(422, "Last-Event-ID must be a step number", field="Last-Event-ID") from None
+        step = None
+    if step is None or not MIN_STEP <= step <= MAX_STEP:
+        raise ApiError(422, f"Last-Event-ID must be a step number from {MIN_STEP} to {MAX_STEP}",
+                       field="Last-Event-ID")
+    return step
 
 
 def _poll(make: sessionmaker[Session], tenant_id: int, job_id: str,
@@ -123,8 +136,8 @@ async def _metric_events(make: sessionmaker[Session], tenant_id: int, job_id: st
 )
 def stream_metrics(
     job_id: str, request: Request, session: SessionDep, tenant: TenantDep,
-    after_step: Annotated[int | None, Query()] = None,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    after_step: AfterStep = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> EventSourceResponse:
     """Follow a job's metrics live; the stream closes after the job ends."""
     job_or_404(session, tenant.id, job_id)
@@ -134,9 +147,21 @@ def stream_metrics(
     # instead of holding it for as long as the stream stays open.
     session.close()
     state = request.app.state
+    release = state.stream_slots.acquire(tenant_id, state.settings.max_streams_per_tenant)
+    # Released when the generator ends and, in case it never started, after the response.
     return EventSourceResponse(
-        _metric_events(state.sessionmaker, tenant_id, job_id, start,
-                       state.stream_poll_seconds),
+        _released_after(_metric_events(state.sessionmaker, tenant_id, job_id, start,
+                                       state.stream_poll_seconds), release),
         ping=PING_SECONDS,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        background=BackgroundTask(release),
     )
+
+
+async def _released_after(events: AsyncIterator[ServerSentEvent],
+                          release: Callable[[], None]) -> AsyncIterator[ServerSentEvent]:
+    try:
+        async for event in events:
+            yield event
+    finally:
+        release()

@@ -4,11 +4,13 @@
 database is down, or the orchestrator would restart healthy API pods in a loop). `/readyz`
 checks what a request needs: the database answers `SELECT 1` and the broker accepts a
 connection; it answers 503 naming what is down, so a load balancer stops routing to us.
-`/metrics` is Prometheus' text format from this app's own registry.
+`/metrics` is Prometheus' text format from this app's own registry; the per-status job
+counts (every tenant's) are added only for a caller with the operator's metrics token.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 
 from fastapi import APIRouter, Request
@@ -76,7 +78,12 @@ def readyz(request: Request, settings: SettingsDep) -> Response:
 
 @router.get("/metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-def metrics(request: Request) -> Response:
-    """Prometheus exposition: requests, latencies, `brorl_jobs{status}`."""
+def metrics(request: Request, settings: SettingsDep) -> Response:
+    """Prometheus exposition: requests and latencies; `brorl_jobs{status}` (all tenants'
+    job counts) only with `Authorization: Bearer <BRORL_METRICS_TOKEN>`."""
     data = generate_latest(request.app.state.metrics.registry)
+    token = settings.metrics_token
+    sent = request.headers.get("authorization", "")
+    if token and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+        data += generate_latest(request.app.state.private_metrics)
     return Response(content=data, media_type=CONTENT_TYPE_LATEST)

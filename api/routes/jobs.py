@@ -25,9 +25,11 @@ from store.errors import NotFound
 from store.models import Job, JobStatus
 from trainer.spec import JobSpec
 
-from api.deps import EnqueueDep, SessionDep, TenantDep
+from api.deps import EnqueueDep, SessionDep, SettingsDep, TenantDep
 from api.errors import field_error
-from api.schemas import JobPublic, ListPublic
+from api.models_policy import check_model_path
+from api.quotas import job_quota_error
+from api.schemas import JobPublic, JobSummary, ListPublic
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +55,21 @@ def job_or_404(session: Session, tenant_id: int, job_id: str) -> Job:
     responses={200: {"model": JobPublic, "description": "Replay of an Idempotency-Key."},
                409: {"description": "Idempotency-Key reused with a different body."}},
 )
-def create_job(spec: JobSpec, session: SessionDep, tenant: TenantDep, enqueue: EnqueueDep,
-               response: Response, idempotency_key: IdempotencyKey = None) -> JobPublic:
+def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
+               enqueue: EnqueueDep, response: Response,
+               idempotency_key: IdempotencyKey = None) -> JobPublic:
     """Submit a training job; 201 with the queued job."""
+    check_model_path(spec.model.path, settings)
+    over_quota = job_quota_error(session, settings, tenant.id)
     dataset = spec.task.dataset
     if dataset is not None and datasets.get_dataset(session, tenant.id, dataset.id) is None:
         raise field_error("task.dataset.id", f"no dataset {dataset.id!r} (upload it first)")
     job, created = jobs.create_job(
         session, tenant.id, spec.model_dump(mode="json"), total_steps=spec.total_steps,
         name=spec.name, idempotency_key=idempotency_key)
+    if created and over_quota is not None:  # a replay of an existing job still answers
+        session.rollback()
+        raise over_quota
     session.commit()
     public = JobPublic.model_validate(job)
     if not created:
@@ -74,16 +82,17 @@ def create_job(spec: JobSpec, session: SessionDep, tenant: TenantDep, enqueue: E
     return public
 
 
-@router.get("", response_model=ListPublic[JobPublic])
+@router.get("", response_model=ListPublic[JobSummary])
 def list_jobs(
     session: SessionDep, tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    after: Annotated[str | None, Query(description="The last job id of the previous page.")] = None,
+    after: Annotated[str | None, Query(max_length=64,
+                                       description="The last job id of the previous page.")] = None,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
-) -> ListPublic[JobPublic]:
-    """The caller's jobs, newest first."""
+) -> ListPublic[JobSummary]:
+    """The caller's jobs, newest first, without their specs (`GET /v1/jobs/{id}` has it)."""
     rows, has_more = jobs.list_jobs(session, tenant.id, limit=limit, after=after, status=status_)
-    return ListPublic[JobPublic](data=[JobPublic.model_validate(j) for j in rows],
+    return ListPublic[JobSummary](data=[JobSummary.model_validate(j) for j in rows],
                                  has_more=has_more)
 
 

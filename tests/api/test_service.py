@@ -40,7 +40,7 @@ def test_readyz_is_503_naming_the_broker(settings, enqueued):
     assert resp.json()["checks"]["broker"].startswith("broker unreachable")
 
 
-def test_prometheus_metrics(client, auth):
+def test_prometheus_metrics(app, client, auth):
     job = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
     client.get(f"/v1/jobs/{job}", headers=auth)
     client.get("/v1/jobs/job_nope", headers=auth)
@@ -53,6 +53,11 @@ def test_prometheus_metrics(client, auth):
     assert 'route="/v1/jobs/{job_id}",status="404"' in text  # templates, not raw ids
     assert 'route="<unmatched>",status="404"' in text and "job_nope" not in text
     assert "brorl_http_request_duration_seconds_bucket" in text
+    # Every tenant's job counts: only for the operator's token.
+    assert "brorl_jobs" not in text
+    assert "brorl_jobs" not in client.get("/metrics", headers=auth).text
+    app.state.settings.metrics_token = "ops-secret"
+    text = client.get("/metrics", headers={"Authorization": "Bearer ops-secret"}).text
     assert 'brorl_jobs{status="queued"} 1.0' in text
     assert 'brorl_jobs{status="succeeded"} 0.0' in text
 

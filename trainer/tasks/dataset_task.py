@@ -1,7 +1,7 @@
 """Uploaded JSONL datasets: format validation, a seeded train/eval split, and the verifier.
 
 Each line is a JSON object with a string `prompt` and an `answer` (string or number); other
-fields travel in the example's payload. `validate_jsonl` is what the API's upload handler
+fields travel in the example's payload. `count_valid_rows` is what the API's upload handler
 calls, so this module imports neither torch nor anything heavy.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from trainer.spec import DatasetTask
 from trainer.tasks.base import Example, Task, Verifier, VerifierSpec
@@ -40,6 +40,8 @@ def _row(line_no: int, raw: str | bytes) -> dict | None:
         row = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise DatasetFormatError(line_no, f"is not valid JSON ({exc.msg})") from None
+    except RecursionError:  # e.g. 50,000 nested brackets
+        raise DatasetFormatError(line_no, "is nested too deeply") from None
     if not isinstance(row, dict):
         raise DatasetFormatError(line_no, f"must be a JSON object, got {type(row).__name__}")
     prompt, answer = row.get("prompt"), row.get("answer")
@@ -54,14 +56,11 @@ def _row(line_no: int, raw: str | bytes) -> dict | None:
     return row
 
 
-def validate_jsonl(lines: Iterable[str | bytes], verifier: str | None = None) -> list[dict]:
-    """The rows of a JSONL file (blank lines skipped), or DatasetFormatError at the first bad line.
-
-    With `verifier`, the answers are also checked for it (numbers for `numeric`, valid
-    patterns for `regex`).
-    """
+def iter_rows(lines: Iterable[str | bytes], verifier: str | None = None) -> Iterator[dict]:
+    """The rows of a JSONL file one by one (blank lines skipped); DatasetFormatError at the
+    first bad line. With `verifier`, the answers are also checked for it (numbers for
+    `numeric`, valid patterns for `regex`)."""
     check = ANSWER_CHECKS.get(verifier or "")
-    rows = []
     for line_no, raw in enumerate(lines, start=1):
         row = _row(line_no, raw)
         if row is None:
@@ -71,10 +70,37 @@ def validate_jsonl(lines: Iterable[str | bytes], verifier: str | None = None) ->
                 check(str(row["answer"]))
             except ValueError as exc:
                 raise DatasetFormatError(line_no, str(exc)) from None
-        rows.append(row)
+        yield row
+
+
+def validate_jsonl(lines: Iterable[str | bytes], verifier: str | None = None) -> list[dict]:
+    """All rows of a JSONL file (see `iter_rows`); DatasetFormatError if there are none."""
+    rows = list(iter_rows(lines, verifier))
     if not rows:
         raise DatasetFormatError(0, "has no examples")
     return rows
+
+
+def _capped_lines(fh: BinaryIO, max_line_bytes: int) -> Iterator[bytes]:
+    """The file's lines, never reading more than `max_line_bytes` of one line into memory."""
+    line_no = 0
+    while line := fh.readline(max_line_bytes + 1):
+        line_no += 1
+        if len(line) > max_line_bytes and not line.endswith(b"\n"):  # newline not counted
+            raise DatasetFormatError(line_no, f"is longer than {max_line_bytes} bytes")
+        yield line
+
+
+def count_valid_rows(fh: BinaryIO, max_line_bytes: int) -> int:
+    """Validate a JSONL file line by line, holding one row at a time; returns its row count.
+
+    What the API's upload runs: memory stays at one line (at most `max_line_bytes`) however
+    large the file, where `validate_jsonl` keeps every row.
+    """
+    count = sum(1 for _ in iter_rows(_capped_lines(fh, max_line_bytes)))
+    if count == 0:
+        raise DatasetFormatError(0, "has no examples")
+    return count
 
 
 def _example(row: dict) -> Example:

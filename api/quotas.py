@@ -1,0 +1,68 @@
+"""Per-tenant quotas: active jobs, stored datasets and their bytes (429 `quota_exceeded`).
+
+Checked against the database when something is created, so they hold across API processes.
+Two creations racing past the last free slot can both pass (check, then insert): a quota is
+a guard against runaway use, not an exact accounting, so one over is accepted.
+Open metric streams are also capped per tenant in each API process (`StreamSlots`), and
+per key with requests in flight in `api.guards`; a job's disk use is
+bounded by the spec (`checkpoint.keep_last` at most 100).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session
+
+from store import datasets
+from store.job_queries import count_active_jobs
+from store.settings import Settings
+
+from api.errors import ApiError
+
+
+def _exceeded(message: str) -> ApiError:
+    return ApiError(429, f"quota exceeded: {message}", type_="quota_exceeded")
+
+
+def job_quota_error(session: Session, settings: Settings, tenant_id: int) -> ApiError | None:
+    """The error to raise if the tenant may not start another job (returned, not raised:
+    an Idempotency-Key replay of an existing job must still answer)."""
+    limit = settings.max_active_jobs_per_tenant
+    if count_active_jobs(session, tenant_id) >= limit:
+        return _exceeded(f"at most {limit} queued or running jobs per tenant; "
+                         f"wait for some to finish or cancel them")
+    return None
+
+
+def check_dataset_quota(session: Session, settings: Settings, tenant_id: int,
+                        incoming_bytes: int = 0) -> None:
+    count, used = datasets.usage(session, tenant_id)
+    if incoming_bytes == 0 and count >= settings.max_datasets_per_tenant:
+        raise _exceeded(f"at most {settings.max_datasets_per_tenant} datasets per tenant")
+    if used + incoming_bytes > settings.max_dataset_bytes_per_tenant:
+        raise _exceeded(f"datasets may use at most {settings.max_dataset_bytes_per_tenant} "
+                        f"bytes per tenant ({used} used)")
+
+
+class StreamSlots:
+    """Open metric streams per tenant in this API process (`max_streams_per_tenant`)."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, int] = defaultdict(int)
+
+    def acquire(self, tenant_id: int, limit: int) -> Callable[[], None]:
+        """Take a slot or raise 429; returns a release function that is safe to call twice."""
+        if self._open[tenant_id] >= limit:
+            raise _exceeded(f"at most {limit} open metric streams per tenant")
+        self._open[tenant_id] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._open[tenant_id] -= 1
+
+        return release

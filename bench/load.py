@@ -1,0 +1,228 @@
+"""Load and slow-client benchmark of the API (issue 9, "Hostile input and load").
+
+    python bench/load.py [--clients 100] [--rate 200] [--streams 10] [--attack 32] [--seconds 20]
+
+Starts uvicorn with 2 workers on a fresh PostgreSQL database (127.0.0.1:5432), a job that
+"runs" (a thread plays the worker: claims it and writes one metric row every 0.5 s), then at
+the same time:
+- `--clients` dashboards, each with its own key of the job's tenant, polling
+  `GET /v1/jobs/{id}/metrics?after_step=` open-loop so that together they offer `--rate`
+  requests/s (a request is sent on schedule even if the previous one has not answered);
+- `--streams` followers of `/metrics/stream`;
+- the slow-client attack of issue 9 item 1: another tenant opens `--attack` uploads that send
+  their headers and then stall (4 keys, so the per-key cap alone does not stop them).
+It prints and writes (bench/out/load.json) requests/s answered, p50/p99 latency and every
+non-200 answer of the victims. The load generator shares the machine's cores with the
+server, as a real co-located client would not: the figures are an upper bound on latency.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import httpx  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
+
+PG = "postgresql+psycopg://postgres@127.0.0.1:5432"
+ATTACK_KEYS = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _setup(url: str, clients: int, streams: int) -> tuple[str, list[str], list[str]]:
+    """Migrate, make the keys and a running job; returns (job id, victim keys, attack keys)."""
+    from store import jobs, keys
+    from store.db import session_scope
+    from store.migrate import upgrade
+    from trainer.spec import JobSpec
+
+    upgrade(url)
+    spec = JobSpec.model_validate({"name": "load", "task": {"reasoning_gym": {"name": "chain_sum"}}})
+    with session_scope(url) as s:
+        victims = [keys.create_key(s, "dashboards") for _ in range(clients + streams)]
+        attackers = [keys.create_key(s, "attacker") for _ in range(ATTACK_KEYS)]
+        tenant = keys.get_tenant(s, "dashboards")
+        job, _ = jobs.create_job(s, tenant.id, spec.model_dump(mode="json"),
+                                 total_steps=spec.total_steps, name="load")
+        job_id = job.id
+    with session_scope(url) as s:
+        jobs.claim(s, job_id, "bench-worker", lease_seconds=3600)
+    return job_id, victims, attackers
+
+
+def _play_worker(url: str, job_id: str, stop: threading.Event) -> None:
+    from store import jobs
+    from store.db import session_scope
+
+    step = 0
+    while not stop.wait(0.5):
+        with session_scope(url) as s:
+            jobs.record_metrics(s, job_id, 1, step, {"loss": 1.0 / (step + 1), "reward_mean": 0.5})
+        step += 1
+
+
+def _stall_upload(port: int, key: str) -> tuple[socket.socket, str]:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall((f"POST /v1/datasets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                  "Content-Type: multipart/form-data; boundary=B\r\nContent-Length: 1000000\r\n\r\n"
+                  '--B\r\nContent-Disposition: form-data; name="file"; filename="d.jsonl"\r\n\r\n'
+                  ).encode())
+    return sock, key
+
+
+async def _dashboard(client: httpx.AsyncClient, job_id: str, key: str, interval: float,
+                     end: float, lat: list[float], errors: list[str]) -> None:
+    headers = {"Authorization": f"Bearer {key}"}
+    tasks = []
+
+    async def one() -> None:
+        start = time.perf_counter()
+        try:
+            resp = await client.get(f"/v1/jobs/{job_id}/metrics", params={"limit": 50},
+                                    headers=headers)
+            if resp.status_code != 200:
+                errors.append(f"{resp.status_code} {resp.text[:120]}")
+        except httpx.HTTPError as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        lat.append(time.perf_counter() - start)
+
+    next_at = time.perf_counter() + interval * (hash(key) % 1000) / 1000  # spread the starts
+    while next_at < end:
+        await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+        tasks.append(asyncio.create_task(one()))
+        next_at += interval
+    await asyncio.gather(*tasks)
+
+
+async def _follower(client: httpx.AsyncClient, job_id: str, key: str, end: float,
+                    counts: list[int], errors: list[str]) -> None:
+    events = 0
+    try:
+        async with client.stream("GET", f"/v1/jobs/{job_id}/metrics/stream",
+                                 headers={"Authorization": f"Bearer {key}"}) as resp:
+            if resp.status_code != 200:
+                errors.append(f"stream {resp.status_code}")
+                return
+            async for line in resp.aiter_lines():
+                events += line.startswith("event: metric")
+                if time.perf_counter() > end:
+                    break
+    except httpx.HTTPError as exc:
+        errors.append(f"stream {type(exc).__name__}: {exc}")
+    counts.append(events)
+
+
+async def _run_load(base: str, job_id: str, victims: list[str], args) -> dict:
+    limits = httpx.Limits(max_connections=args.clients * 4 + args.streams)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+        end = time.perf_counter() + args.seconds
+        lat: list[float] = []
+        errors: list[str] = []
+        counts: list[int] = []
+        interval = args.clients / args.rate
+        t0 = time.perf_counter()
+        await asyncio.gather(
+            *(_dashboard(client, job_id, k, interval, end, lat, errors)
+              for k in victims[:args.clients]),
+            *(_follower(client, job_id, k, end, counts, errors)
+              for k in victims[args.clients:]))
+        took = time.perf_counter() - t0
+    lat.sort()
+    return {
+        "offered_rps": args.rate, "answered_rps": round(len(lat) / took, 1),
+        "requests": len(lat), "p50_ms": round(1000 * statistics.median(lat), 1),
+        "p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 1),
+        "max_ms": round(1000 * lat[-1], 1),
+        "victim_errors": len(errors), "error_samples": sorted(set(errors))[:10],
+        "stream_metric_events": counts,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--rate", type=float, default=200.0)
+    ap.add_argument("--streams", type=int, default=10)
+    ap.add_argument("--attack", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+
+    name = f"brorl_load_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = f"{PG}/{name}"
+    stop = threading.Event()
+    server = None
+    try:
+        job_id, victims, attackers = _setup(url, args.clients, args.streams)
+        tmp = Path(tempfile.mkdtemp(prefix="brorl-load-"))
+        port = _free_port()
+        env = {**os.environ, "BRORL_DATABASE_URL": url, "BRORL_DATA_DIR": str(tmp),
+               "BRORL_BROKER_URL": f"sqla+sqlite:///{tmp / 'broker.db'}",
+               "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--port",
+             str(port), "--workers", str(args.workers), "--log-level", "warning"], env=env)
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        writer = threading.Thread(target=_play_worker, args=(url, job_id, stop), daemon=True)
+        writer.start()
+        attack = [_stall_upload(port, attackers[i % ATTACK_KEYS]) for i in range(args.attack)]
+        result = asyncio.run(_run_load(base, job_id, victims, args))
+        refused = 0
+        for sock, _ in attack:  # how the stalled uploads ended (429 cap, 408 timeout, or open)
+            sock.settimeout(0.01)
+            try:
+                refused += sock.recv(64).startswith(b"HTTP/1.1 4")
+            except OSError:
+                pass
+            sock.close()
+        result.update(clients=args.clients, streams=args.streams, api_workers=args.workers,
+                      attack_connections=args.attack, attack_refused_4xx=refused,
+                      seconds=args.seconds, cpus=os.cpu_count())
+    finally:
+        stop.set()
+        if server is not None:
+            server.terminate()
+            server.wait(15)
+        from store.db import reset_engine_cache
+
+        reset_engine_cache()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+    out = REPO / "bench" / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "load.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
