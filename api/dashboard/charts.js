@@ -95,9 +95,11 @@ const Charts = (() => {
           value: (u, v, si, i) => Brorl.fmt(this.raw && i != null ? this.raw[si][i] : v),
         });
       });
-      const axes = [{ label: X_LABELS[this.mode] }, { scale: "y", size: 55 }];
+      const ticks = (u, splits) => splits.map((v) => Brorl.fmt(v, 2));
+      const axes = [{ label: X_LABELS[this.mode] }, { scale: "y", size: 60, values: ticks }];
       if (s.series.some((x) => x.axis === "y2")) {
-        axes.push({ scale: "y2", side: 1, grid: { show: false }, label: s.y2label, size: 55 });
+        axes.push({ scale: "y2", side: 1, grid: { show: false }, label: s.y2label, size: 60,
+                    values: ticks });
       }
       const opts = {
         title: s.title, width: Math.max(this.el.clientWidth, 200), height: HEIGHT,
