@@ -90,7 +90,13 @@
 
   // --- events and checkpoints: polled modestly while the job runs
   let lastEvent = null;
-  async function refreshEvents() {
+  let eventsChain = Promise.resolve();
+  // Calls are chained: two overlapping fetches from the same `after` would list events twice.
+  function refreshEvents() {
+    eventsChain = eventsChain.then(loadEvents, loadEvents);
+    return eventsChain;
+  }
+  async function loadEvents() {
     for (;;) {
       const page = await getJSON(`/v1/jobs/${jobId}/events?limit=200${lastEvent != null ? `&after=${lastEvent}` : ""}`);
       const body = document.querySelector("#events tbody");
@@ -134,6 +140,10 @@
   async function refreshCheckpoints() {
     const page = await getJSON(`/v1/jobs/${jobId}/checkpoints`);
     const body = document.querySelector("#checkpoints tbody");
+    // Re-render only when the list changed: a redraw would drop a download's checksum cell.
+    const signature = page.data.map((ck) => `${ck.step}:${ck.sha256}`).join(",");
+    if (signature === body.dataset.signature) return;
+    body.dataset.signature = signature;
     body.replaceChildren(...page.data.map((ck) => {
       const shaCell = el("td", { class: "archive" });
       return el("tr", { "data-step": ck.step },

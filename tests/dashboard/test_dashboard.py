@@ -2,6 +2,8 @@
 tiny jobs: list, live job page, x-axis switch, checkpoints, compare, submit errors, cancel,
 tenant isolation, offline /docs.
 
+Waits are Playwright locators or Python polling, never `wait_for_function` with a string:
+the pages' CSP forbids eval, and the tests keep that CSP on.
 Tests run in file order on one session stack: the job page test watches job A while it
 trains. `BRORL_DASHBOARD_SCREENSHOTS=docs/img` saves the README's screenshots.
 """
@@ -9,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from tests.dashboard.conftest import REPO, SPEC_A, tiny_spec, wait_for
 
@@ -66,10 +70,11 @@ def test_job_page_charts_gain_points_live_with_stage_boundaries(stack, jobs, pag
             seen.append(n)
         return len([x for x in seen if x > 0]) >= 2
     wait_for(grew, 360, "the reward chart to gain points twice while live", interval=0.3)
-    if _job(stack, jobs["a"])["status"] == "running":
+    if SHOTS:  # mid-run, past the N=4 -> N=8 boundary (the README's picture)
+        wait_for(lambda: float(page.get_attribute("#chart-reward", "data-xmax") or 0) >= 6, 60, "step 6")
         _shot(page, "dashboard_job.png")
     _wait_done(stack, jobs["a"])
-    page.wait_for_function("document.querySelector('#job-status').textContent === 'succeeded'")
+    expect(page.locator("#job-status")).to_have_text("succeeded", timeout=15_000)
     total = SPEC_A["rollout"]["schedule"][0]["steps"] + SPEC_A["rollout"]["schedule"][1]["steps"]
     wait_for(lambda: _points(page, "schedule") >= 2 * total, 15, "every step on the charts")
     for chart in CHART_IDS:  # every group has data, and the N=4 -> N=8 boundary is marked
@@ -128,14 +133,14 @@ def test_compare_overlays_two_jobs_with_their_schedules(stack, jobs, page):
     legend = page.inner_text("#compare-chart .u-legend")
     assert "dash-a (N=4×4 → N=8×4)" in legend and "dash-b (N=8×4)" in legend
     page.check("input[name=xaxis][value=samples]")
-    page.wait_for_function("document.querySelector('#compare-chart').innerText.includes('generated samples')")
+    expect(page.locator("#compare-chart")).to_contain_text("generated samples")
     _shot(page, "dashboard_compare.png")
 
 
 def test_bad_spec_shows_the_error_next_to_its_field(stack, page):
     page.goto(f"{stack.url}/submit")
     page.click("#template")
-    page.wait_for_function("document.querySelector('#spec-text').value.includes('schedule')")
+    expect(page.locator("#spec-text")).to_have_value(re.compile("schedule"))
     text = page.input_value("#spec-text").replace("{n: 8,", "{n: 1,", 1)
     page.fill("#spec-text", text)
     page.click("#submit")
@@ -149,11 +154,11 @@ def test_bad_spec_shows_the_error_next_to_its_field(stack, page):
     page.wait_for_selector("#cancel:not([hidden])")
     page.once("dialog", lambda d: d.accept())  # the confirmation
     page.click("#cancel")
-    page.wait_for_function("['cancelled'].includes(document.querySelector('#job-status').textContent)"
-                           " || document.querySelector('#job-schedule').textContent.includes('cancel requested')")
+    wait_for(lambda: page.inner_text("#job-status") == "cancelled"
+             or "cancel requested" in page.inner_text("#job-schedule"), 20, "the cancel to show")
     job_id = page.url.rsplit("/", 1)[1]
     assert _wait_done(stack, job_id, 120)["status"] == "cancelled"
-    page.wait_for_function("document.querySelector('#job-status').textContent === 'cancelled'")
+    expect(page.locator("#job-status")).to_have_text("cancelled", timeout=15_000)
 
 
 def test_another_tenants_key_sees_nothing(stack, jobs, browser):
@@ -169,7 +174,7 @@ def test_another_tenants_key_sees_nothing(stack, jobs, browser):
     page.wait_for_selector("#empty:not([hidden])")
     assert page.locator("#jobs tbody tr").count() == 0
     page.goto(f"{stack.url}/jobs/{jobs['a']}")  # same tab: the key stays in sessionStorage
-    page.wait_for_function("document.querySelector('#job-title').textContent.startsWith('No job')")
+    expect(page.locator("#job-title")).to_have_text(re.compile("^No job"))
     assert page.locator("#chart-reward").count() == 0
     context.close()
 
@@ -179,5 +184,8 @@ def test_phone_width_has_no_horizontal_scroll(stack, jobs, browser, login_url):
     page = context.new_page()
     page.goto(login_url.replace("/#", f"/jobs/{jobs['a']}#"))
     wait_for(lambda: _points(page, "reward") > 0, 20, "charts")
-    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    wide = page.evaluate("""Array.from(document.querySelectorAll('body *'))
+        .filter((e) => e.getBoundingClientRect().right > 391 && !e.closest('.table-wrap, pre'))
+        .map((e) => `${e.tagName}#${e.id}.${e.className}`).slice(0, 5)""")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390, wide
     context.close()
