@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from cli.client import BrorlClient
+from tests.upstack import Stack, running_stack
 
-REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("BRORL_TEST_CHROMIUM", "/usr/bin/chromium")
 
 
@@ -42,29 +39,6 @@ def tiny_spec(name: str, schedule: list[dict], *, checkpoint_every: int = 4) -> 
 SPEC_A = tiny_spec("dash-a", [{"n": 4, "prompts_per_step": 2, "steps": 4},
                               {"n": 8, "prompts_per_step": 2, "steps": 4}])
 SPEC_B = tiny_spec("dash-b", [{"n": 8, "prompts_per_step": 2, "steps": 4}])
-
-
-class Stack:
-    def __init__(self, proc: subprocess.Popen, log: Path, data_dir: Path, url: str, env: dict):
-        self.proc, self.log, self.data_dir, self.url, self.env = proc, log, data_dir, url, env
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    @property
-    def key(self) -> str:
-        return (self.data_dir / "local.key").read_text().strip()
-
-    def client(self, key: str | None = None) -> BrorlClient:
-        return BrorlClient(self.url, key or self.key, timeout=30)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 WARM_START_STEPS = 100
@@ -92,46 +66,24 @@ def prebuild_tiny_model(spec: dict) -> None:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory) -> Stack:
+def stack(tmp_path_factory) -> Iterator[Stack]:
     prebuild_tiny_model(SPEC_A)
-    tmp = tmp_path_factory.mktemp("dashboard")
-    data_dir, log, port = tmp / "data", tmp / "up.log", _free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "BRORL_HEARTBEAT_SECONDS": "1"}
-    for name in ("BRORL_DATA_DIR", "BRORL_DATABASE_URL", "BRORL_BROKER_URL", "BRORL_ARTIFACT_DIR",
-                 "BRORL_TRAINER_ENTRYPOINT"):
-        env.pop(name, None)
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--port", str(port),
-                                 "--data-dir", str(data_dir)], cwd=REPO, env=env,
-                                stdout=fh, stderr=subprocess.STDOUT)
-    stack = Stack(proc, log, data_dir, f"http://127.0.0.1:{port}", env)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"brorl up exited\n{stack.output()}"
-            assert time.monotonic() < deadline, f"not ready in 120 s\n{stack.output()}"
-            try:
-                if httpx.get(f"{stack.url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    # The real trainer (no BRORL_TRAINER_ENTRYPOINT double); one thread leaves a CPU to the
+    # browser.
+    with running_stack(tmp_path_factory.mktemp("dashboard"), {
+            "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1",
+            "BRORL_HEARTBEAT_SECONDS": "1"}) as stack:
         yield stack
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+
+
+def client(stack: Stack, key: str | None = None) -> BrorlClient:
+    return BrorlClient(stack.url, key or stack.key, timeout=30)
 
 
 @pytest.fixture(scope="session")
 def jobs(stack: Stack) -> dict[str, str]:
     """Job A then job B, submitted at once (one worker: B waits for A)."""
-    with stack.client() as c:
+    with client(stack) as c:
         return {"a": c.submit(SPEC_A)["id"], "b": c.submit(SPEC_B)["id"]}
 
 

@@ -12,15 +12,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.dashboard.conftest import REPO, SPEC_A, tiny_spec, wait_for
+from tests.dashboard.conftest import SPEC_A, client, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -40,7 +38,7 @@ def _points(page, chart: str) -> int:
 
 
 def _job(stack, job_id: str) -> dict:
-    with stack.client() as c:
+    with client(stack) as c:
         return c._json("GET", f"/v1/jobs/{job_id}")
 
 
@@ -88,7 +86,7 @@ def test_x_axis_switch_rescales_every_chart(stack, jobs, page):
     page.goto(f"{stack.url}/jobs/{jobs['a']}")
     wait_for(lambda: _points(page, "reward") > 0, 20, "charts")
     assert float(page.get_attribute("#chart-reward", "data-xmax")) == 8
-    with stack.client() as c:
+    with client(stack) as c:
         rows = c._json("GET", f"/v1/jobs/{jobs['a']}/metrics")["data"]
     samples = sum(r["values"].get("samples", 0) for r in rows)
     page.check("input[name=xaxis][value=samples]")
@@ -162,9 +160,8 @@ def test_bad_spec_shows_the_error_next_to_its_field(stack, page):
 
 
 def test_another_tenants_key_sees_nothing(stack, jobs, browser):
-    out = subprocess.run([sys.executable, "-m", "cli.main", "keys", "create", "--tenant", "other",
-                          "--data-dir", str(stack.data_dir)], cwd=REPO, env=stack.env,
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = stack.brorl("keys", "create", "--tenant", "other", "--data-dir", str(stack.data_dir))
+    assert out.returncode == 0, out.stderr
     other = out.stdout.strip().splitlines()[-1]
     context = browser.new_context()
     page = context.new_page()
