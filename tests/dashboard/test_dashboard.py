@@ -10,6 +10,7 @@ trains. `BRORL_DASHBOARD_SCREENSHOTS=docs/img` saves the README's screenshots.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -18,7 +19,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.dashboard.conftest import SPEC_A, client, wait_for
+from tests.dashboard.conftest import SPEC_A, client, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -27,10 +28,10 @@ CHART_IDS = ("reward", "eval", "schedule", "filter", "kl", "clip", "grad", "leng
              "throughput", "time", "memory")
 
 
-def _shot(page, name: str) -> None:
+def _shot(page, name: str, full_page: bool = False) -> None:
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(SHOTS) / name), full_page=False)
+        page.screenshot(path=str(Path(SHOTS) / name), full_page=full_page)
 
 
 def _points(page, chart: str) -> int:
@@ -68,9 +69,6 @@ def test_job_page_charts_gain_points_live_with_stage_boundaries(stack, jobs, pag
             seen.append(n)
         return len([x for x in seen if x > 0]) >= 2
     wait_for(grew, 360, "the reward chart to gain points twice while live", interval=0.3)
-    if SHOTS:  # mid-run, past the N=4 -> N=8 boundary (the README's picture)
-        wait_for(lambda: float(page.get_attribute("#chart-reward", "data-xmax") or 0) >= 6, 60, "step 6")
-        _shot(page, "dashboard_job.png")
     _wait_done(stack, jobs["a"])
     expect(page.locator("#job-status")).to_have_text("succeeded", timeout=15_000)
     total = SPEC_A["rollout"]["schedule"][0]["steps"] + SPEC_A["rollout"]["schedule"][1]["steps"]
@@ -145,8 +143,10 @@ def test_bad_spec_shows_the_error_next_to_its_field(stack, page):
     note = page.locator("[data-field='rollout.schedule.0.n'] > .field-error")
     note.wait_for()
     assert "greater than or equal to 2" in note.inner_text()
-    # Fixed, it is accepted and lands on the new job's page.
-    page.fill("#spec-text", text.replace("{n: 1,", "{n: 8,", 1).replace("steps: 10", "steps: 200", 1))
+    # A valid spec (JSON this time; a long job on the tests' cached tiny model, so it is
+    # running or queued when cancelled) is accepted and lands on the new job's page.
+    spec = tiny_spec("dash-cancel", [{"n": 4, "prompts_per_step": 2, "steps": 200}])
+    page.fill("#spec-text", json.dumps(spec, indent=1))
     page.click("#submit")
     page.wait_for_url(f"{stack.url}/jobs/job_*")
     page.wait_for_selector("#cancel:not([hidden])")
@@ -186,3 +186,18 @@ def test_phone_width_has_no_horizontal_scroll(stack, jobs, browser, login_url):
         .map((e) => `${e.tagName}#${e.id}.${e.className}`).slice(0, 5)""")
     assert page.evaluate("document.documentElement.scrollWidth") <= 390, wide
     context.close()
+
+
+@pytest.mark.skipif(not SHOTS, reason="only when saving screenshots (BRORL_DASHBOARD_SCREENSHOTS)")
+def test_screenshot_of_a_running_job(stack, page):
+    """The README's picture: a job page mid-run, past its N=4 -> N=8 boundary."""
+    spec = tiny_spec("broadening-demo", [{"n": 4, "prompts_per_step": 2, "steps": 6},
+                                         {"n": 8, "prompts_per_step": 2, "steps": 60}])
+    with client(stack) as c:
+        job_id = c.submit(spec)["id"]
+        page.goto(f"{stack.url}/jobs/{job_id}")
+        wait_for(lambda: float(page.get_attribute("#chart-reward", "data-xmax") or 0) >= 14, 120, "step 14")
+        assert page.inner_text("#job-status") == "running"
+        page.wait_for_timeout(500)  # the throttled redraw
+        _shot(page, "dashboard_job.png", full_page=True)  # every chart group
+        c._json("POST", f"/v1/jobs/{job_id}/cancel")
