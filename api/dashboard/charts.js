@@ -32,6 +32,19 @@ const Charts = (() => {
     return out;
   }
 
+  // Scales that survive a flat series (clip fractions of exactly 0, an IS ratio between
+  // 0.9999999 and 1): left to itself uPlot gets a (near) zero-height range, its axis ticks
+  // throw "Invalid array length" and the chart stays empty.
+  const yRange = (u, min, max) => {
+    if (min == null || max == null) return [0, 1];
+    if (max - min <= Math.max(Math.abs(min), Math.abs(max)) * 1e-6) {
+      const pad = Math.abs(max) * 0.1 || 1;
+      return [min - pad, max + pad];
+    }
+    return uPlot.rangeNum(min, max, 0.1, true);
+  };
+  const xRange = (u, min, max) => (min == null ? [0, 1] : min === max ? [min - 1, max + 1] : [min, max]);
+
   const num = (v) => (typeof v === "number" && isFinite(v) ? v : null);
 
   // Dashed vertical lines at stage starts, labelled with the new N.
@@ -39,6 +52,9 @@ const Charts = (() => {
     return {
       hooks: {
         draw: [(u) => {
+          // For tests and the curious: did the last draw have data on a real y range?
+          const y = u.scales.y;
+          chart.el.dataset.drawn = String(u.data[0].length > 0 && Number.isFinite(y.min) && y.max > y.min);
           const ctx = u.ctx;
           ctx.save();
           ctx.strokeStyle = "#555";
@@ -103,7 +119,7 @@ const Charts = (() => {
       }
       const opts = {
         title: s.title, width: Math.max(this.el.clientWidth, 200), height: HEIGHT,
-        scales: { x: { time: false }, y: { auto: true }, y2: { auto: true } },
+        scales: { x: { time: false, range: xRange }, y: { range: yRange }, y2: { range: yRange } },
         series, axes, legend: { live: true },
         cursor: { sync: { key: this.syncKey } },
         plugins: [boundaryPlugin(this)],
@@ -139,6 +155,7 @@ const Charts = (() => {
       this.el.dataset.points = String(points);
       this.el.dataset.boundaries = String(this.boundaries.length);
       this.el.dataset.xmax = xs.length ? String(xs[xs.length - 1]) : "";
+
     }
   }
 
@@ -151,5 +168,5 @@ const Charts = (() => {
     };
   }
 
-  return { Chart, PALETTE, X_LABELS, xValues, boundaryIndices, throttle, HEIGHT };
+  return { Chart, xRange, yRange, PALETTE, X_LABELS, xValues, boundaryIndices, throttle, HEIGHT };
 })();

@@ -68,7 +68,7 @@
     })];
     if (u) u.destroy();
     u = new uPlot({ title: metric, width: Math.max(box.clientWidth - 10, 300), height: 360,
-                    scales: { x: { time: false } }, series,
+                    scales: { x: { time: false, range: Charts.xRange }, y: { range: Charts.yRange } }, series,
                     axes: [{ label: Charts.X_LABELS[mode] }, { label: metric, size: 60 }] }, data, box);
     box.dataset.jobs = String(ids.length);
     box.dataset.metric = metric;

@@ -113,10 +113,13 @@ def page(browser, login_url):
     """A fresh tab logged in with the local key through the printed link."""
     context = browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
     pg = context.new_page()
+    errors: list[str] = []  # uncaught exceptions in the page's scripts fail the test
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
     pg.set_default_timeout(30_000)
     pg.goto(login_url)
     yield pg
     context.close()
+    assert not errors, errors
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):

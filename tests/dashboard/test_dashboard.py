@@ -73,8 +73,9 @@ def test_job_page_charts_gain_points_live_with_stage_boundaries(stack, jobs, pag
     expect(page.locator("#job-status")).to_have_text("succeeded", timeout=15_000)
     total = SPEC_A["rollout"]["schedule"][0]["steps"] + SPEC_A["rollout"]["schedule"][1]["steps"]
     wait_for(lambda: _points(page, "schedule") >= 2 * total, 15, "every step on the charts")
-    for chart in CHART_IDS:  # every group has data, and the N=4 -> N=8 boundary is marked
+    for chart in CHART_IDS:  # every group has data, drawn, and the N=4 -> N=8 boundary marked
         assert _points(page, chart) > 0, chart
+        assert page.get_attribute(f"#chart-{chart}", "data-drawn") == "true", chart
         assert page.get_attribute(f"#chart-{chart}", "data-boundaries") == "1", chart
     assert page.locator("#events td", has_text="stage_started").count() == 2
     assert "N=4×4 → N=8×4" in page.inner_text("#job-schedule")
