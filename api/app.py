@@ -6,13 +6,15 @@ settings they want. Creating the app connects to nothing either: the engine conn
 first request.
 
 Layout: `/v1/...` resource routers (jobs, events & metrics, checkpoints, datasets), the
-unauthenticated probes `/healthz`, `/readyz`, `/metrics` at the root, `/docs` (OpenAPI).
+unauthenticated probes `/healthz`, `/readyz`, `/metrics` at the root, `/docs` (OpenAPI, its
+assets served from the package: it works offline), and the browser dashboard (`api.web`) at `/`.
 Every error leaves in the shape of `api.errors`.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
 from store.db import get_sessionmaker
@@ -25,6 +27,7 @@ from api.quotas import StreamSlots
 from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
 from api.ratelimit import RateLimitMiddleware
 from api.routes import checkpoints, datasets, events_metrics, health, jobs
+from api.web import install_dashboard
 
 API_VERSION = "1.0.0"
 DEFAULT_STREAM_POLL_SECONDS = 1.0
@@ -54,7 +57,8 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     """
     settings = settings or get_settings()
     settings.ensure_dirs()
-    app = FastAPI(
+    # FastAPIOffline: /docs and /redoc load Swagger UI / ReDoc from the package, not a CDN.
+    app = FastAPIOffline(
         title="BroRL as a service",
         version=API_VERSION,
         description=DESCRIPTION,
@@ -84,5 +88,6 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     install_error_handlers(app)
     app.include_router(_v1_router())
     app.include_router(health.router)
+    install_dashboard(app)
     return app
 

@@ -38,6 +38,13 @@ def _use_data_dir(data_dir: Path | None) -> None:
     reset_settings_cache()
 
 
+def dashboard_url(base_url: str, key: str, path: str = "/") -> str:
+    """A dashboard link that logs the browser in once: the key rides in the URL fragment,
+    which browsers never send to the server; the page moves it to sessionStorage and removes
+    it from the address bar."""
+    return f"{base_url.rstrip('/')}{path}#key={key}"
+
+
 def ensure_local_key(data_dir: Path) -> tuple[str, bool]:
     """The local tenant's key from `<data_dir>/local.key`, created (0600) on first start.
 
@@ -171,6 +178,8 @@ def _up(host: str, port: int, data_dir: Optional[Path], stop_timeout: float) -> 
                   soft_wrap=True)
     console.print(f"API key{' (new)' if created else ''}: {key}", highlight=False, soft_wrap=True)
     console.print(f"  export BRORL_URL={url} BRORL_API_KEY={key}", highlight=False, soft_wrap=True)
+    console.print(f"Dashboard (logs this browser tab in): {dashboard_url(url, key)}", highlight=False,
+                  soft_wrap=True)
     sys.stdout.flush()
     api_argv = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory",
                 "--host", host, "--port", str(port), "--timeout-graceful-shutdown", "5"]
@@ -205,10 +214,18 @@ def _demo(data_dir: Path, port: Optional[int], spec_path: Path, ready_timeout: f
         key_file = data_dir / "local.key"
         client = BrorlClient(f"http://{host}:{port}", None, timeout=60.0)
         _wait_ready(client, stack, ready_timeout)
-        client = BrorlClient(client.base_url, key_file.read_text().strip(), timeout=60.0)
+        key = key_file.read_text().strip()
+        client = BrorlClient(client.base_url, key, timeout=60.0)
         job = client.submit(load_spec_file(spec_path))
         console.print(f"submitted {job['id']} ({spec_path.name}); following it", highlight=False)
-        return print_outcome(follow_job(client, job["id"]))
+        link = dashboard_url(client.base_url, key, f"/jobs/{job['id']}")
+        console.print(f"watch it in the browser: {link}", highlight=False, soft_wrap=True)
+        final = follow_job(client, job["id"])
+        code = print_outcome(final)
+        if final["status"] == "succeeded" and client.list_checkpoints(job["id"]).get("data"):
+            dest = client.download(job["id"], None, data_dir / "checkpoints" / job["id"])
+            console.print(f"final checkpoint downloaded to {dest}", highlight=False, soft_wrap=True)
+        return code
     finally:
         if stack.poll() is None:
             stack.send_signal(signal.SIGINT)  # `up` stops its own children

@@ -33,4 +33,9 @@ def test_demo_follows_the_job_and_exits_zero(tmp_path: Path):
     assert result.returncode == 0, result.stdout + result.stderr + log[-4000:]
     assert [int(s) for s in re.findall(r"step\s+(\d+)", result.stdout)] == [1, 2, 3]
     assert "succeeded" in result.stdout
+    # The dashboard link of its job (key in the fragment), and where the final checkpoint went.
+    assert re.search(r"watch it in the browser: http://127\.0\.0\.1:\d+/jobs/job_\w+#key=brorl_",
+                     result.stdout), result.stdout
+    dest = re.search(r"final checkpoint downloaded to (\S+)", result.stdout)
+    assert dest and (Path(dest.group(1)) / "config.json").is_file(), result.stdout
     assert "stopped" in log  # `brorl up` shut its children down

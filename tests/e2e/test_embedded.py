@@ -9,28 +9,23 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from cli.client import BrorlAPIError, BrorlClient
+from tests.upstack import Stack, running_stack
 from tests.worker.conftest import FAKE_ENTRYPOINT, make_spec
 
 pytestmark = pytest.mark.timeout(300)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _descendants(pid: int) -> set[int]:
@@ -58,55 +53,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-class Stack:
-    def __init__(self, proc: subprocess.Popen, log: Path, data_dir: Path, url: str, env: dict):
-        self.proc, self.log, self.data_dir, self.url, self.env = proc, log, data_dir, url, env
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def brorl(self, *args: str, key: str | None = None, timeout: float = 120):
-        env = {**self.env, "BRORL_URL": self.url}
-        env.pop("BRORL_API_KEY", None)
-        if key:
-            env["BRORL_API_KEY"] = key
-        return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Stack:
-    tmp = tmp_path_factory.mktemp("embedded")
-    data_dir, log, port = tmp / "data", tmp / "up.log", _free_port()
-    env = {**os.environ, "BRORL_TRAINER_ENTRYPOINT": FAKE_ENTRYPOINT, "PYTHONUNBUFFERED": "1",
-           "BRORL_HEARTBEAT_SECONDS": "0.5", "BRORL_REAPER_INTERVAL_SECONDS": "5"}
-    for name in ("BRORL_DATA_DIR", "BRORL_DATABASE_URL", "BRORL_BROKER_URL", "BRORL_ARTIFACT_DIR"):
-        env.pop(name, None)
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--port", str(port),
-                                 "--data-dir", str(data_dir)], cwd=REPO, env=env,
-                                stdout=fh, stderr=subprocess.STDOUT)
-    stack = Stack(proc, log, data_dir, f"http://127.0.0.1:{port}", env)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"brorl up exited\n{stack.output()}"
-            assert time.monotonic() < deadline, f"not healthy in 120 s\n{stack.output()}"
-            try:
-                if httpx.get(f"{stack.url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+def stack(tmp_path_factory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("embedded"), {
+            "BRORL_TRAINER_ENTRYPOINT": FAKE_ENTRYPOINT, "BRORL_HEARTBEAT_SECONDS": "0.5",
+            "BRORL_REAPER_INTERVAL_SECONDS": "5"}) as stack:
         yield stack
-    finally:
-        if proc.poll() is None:  # the SIGINT test did not run or failed: still clean up
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

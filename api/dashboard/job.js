@@ -1,0 +1,199 @@
+// Job page (`/jobs/{id}`): every chart group, fed by the metrics SSE stream (no reload), the
+// x-axis switch, the events timeline, the checkpoints (download + sha256 check), the spec,
+// and cancel.
+"use strict";
+(() => {
+  const { api, getJSON, el, fmt, fmtTime, statusPill, scheduleText, TERMINAL } = Brorl;
+  const jobId = decodeURIComponent(location.pathname.split("/").pop());
+  const v = (k) => (values) => values[k];
+
+  // The chart groups (metric names: trainer/step.py and trainer/evaluate.py).
+  const GROUPS = [
+    { id: "reward", title: "Reward and pass rate", series: [
+      { label: "reward mean", get: v("reward_mean") },
+      { label: "mean + std", get: (x) => x.reward_mean + x.reward_std, dash: [4, 4], color: "#56B4E9" },
+      { label: "mean − std", get: (x) => x.reward_mean - x.reward_std, dash: [4, 4], color: "#56B4E9" },
+      { label: "pass rate", get: v("pass_rate"), color: "#E69F00" }] },
+    { id: "eval", title: "Eval pass@k", evalSeries: true, series: [] },
+    { id: "schedule", title: "Broadening schedule: N and lr", y2label: "lr", series: [
+      { label: "N (rollouts per prompt)", get: v("n"), step: true },
+      { label: "lr", get: v("lr"), step: true, axis: "y2" }] },
+    { id: "filter", title: "Dynamic sampling", y2label: "refill rounds", series: [
+      { label: "keep rate", get: v("keep_rate") },
+      { label: "all-correct groups", get: v("frac_all_correct") },
+      { label: "all-wrong groups", get: v("frac_all_wrong") },
+      { label: "refill rounds", get: v("refill_rounds"), axis: "y2", step: true }] },
+    { id: "kl", title: "KL and entropy", series: [
+      { label: "KL", get: v("kl") }, { label: "entropy", get: v("entropy"), axis: "y2" }] },
+    { id: "clip", title: "Clipping and importance ratios", series: [
+      { label: "clip frac low", get: v("pg_clipfrac_low") },
+      { label: "clip frac high", get: v("pg_clipfrac_high") },
+      { label: "IS-ratio truncated", get: v("is_truncated_frac") },
+      { label: "IS-ratio mean", get: v("is_ratio_mean"), axis: "y2" }] },
+    { id: "grad", title: "Loss and grad norm", series: [
+      { label: "grad norm", get: v("grad_norm") }, { label: "loss", get: v("loss"), axis: "y2" }] },
+    { id: "length", title: "Response length", y2label: "truncated", series: [
+      { label: "mean length", get: v("response_len_mean") },
+      { label: "max length", get: v("response_len_max") },
+      { label: "truncated fraction", get: v("truncated_frac"), axis: "y2" }] },
+    { id: "throughput", title: "Throughput", y2label: "tokens/s", series: [
+      { label: "samples/s", get: v("samples_per_s") },
+      { label: "tokens/s", get: v("tokens_per_s"), axis: "y2" }] },
+    { id: "time", title: "Step time split (s, stacked)", stacked: true, series: [
+      { label: "generate", get: v("gen_s") }, { label: "score", get: v("score_s") },
+      { label: "train", get: v("train_s") }, { label: "weight sync", get: v("weight_sync_s") }] },
+    { id: "memory", title: "Peak memory (MB)", series: [{ label: "peak MB", get: v("peak_mem_mb") }] },
+  ];
+
+  let job = null;
+  const rows = [];
+  let charts = [];
+  let mode = "step";
+
+  function evalSeries() {
+    const ks = (job.spec.eval && job.spec.eval.k) || [1];
+    const all = Array.from(new Set([1, ...ks])).sort((a, b) => a - b);
+    return all.map((k) => ({ label: `pass@${k}`, get: v(`eval/pass@${k}`), points: true }));
+  }
+
+  function buildCharts() {
+    const box = document.getElementById("charts");
+    box.replaceChildren();
+    charts = GROUPS.map((g) => {
+      const spec = g.evalSeries ? Object.assign({}, g, { series: evalSeries() }) : g;
+      return new Charts.Chart(box, spec, mode, `job-${jobId}`);
+    });
+  }
+
+  const t0 = () => (job && job.started_at ? Date.parse(job.started_at) : null);
+  const redraw = Charts.throttle(() => charts.forEach((c) => c.setRows(rows, t0())), 300);
+
+  function renderJob() {
+    document.title = `${job.name} · BroRL`;
+    document.getElementById("job-title").textContent = `${job.name} (${job.id})`;
+    document.getElementById("job-status").replaceChildren(statusPill(job.status));
+    document.getElementById("job-progress").replaceChildren(
+      el("progress", { max: job.total_steps, value: job.step }), ` step ${job.step} / ${job.total_steps}`);
+    document.getElementById("job-schedule").textContent =
+      `model ${job.spec.model.path} · schedule ${scheduleText(job.spec)}` +
+      (job.cancel_requested && !TERMINAL.includes(job.status) ? " · cancel requested" : "");
+    const errBox = document.getElementById("job-error");
+    errBox.hidden = !job.error;
+    errBox.textContent = job.error || "";
+    document.getElementById("cancel").hidden = TERMINAL.includes(job.status) || job.cancel_requested;
+  }
+
+  async function refreshJob() {
+    job = await getJSON(`/v1/jobs/${jobId}`);
+    renderJob();
+  }
+
+  // --- events and checkpoints: polled modestly while the job runs
+  let lastEvent = null;
+  let eventsChain = Promise.resolve();
+  // Calls are chained: two overlapping fetches from the same `after` would list events twice.
+  function refreshEvents() {
+    eventsChain = eventsChain.then(loadEvents, loadEvents);
+    return eventsChain;
+  }
+  async function loadEvents() {
+    for (;;) {
+      const page = await getJSON(`/v1/jobs/${jobId}/events?limit=200${lastEvent != null ? `&after=${lastEvent}` : ""}`);
+      const body = document.querySelector("#events tbody");
+      for (const e of page.data) {
+        lastEvent = e.id;
+        const details = e.data.message || e.data.error || e.data.reason ||
+          Object.entries(e.data).map(([k, x]) => `${k}=${typeof x === "number" ? fmt(x) : x}`).join(" ");
+        body.append(el("tr", { class: `ev-${e.type}` }, el("td", { text: fmtTime(e.created_at) }),
+          el("td", { text: e.type }), el("td", { class: "details", text: details })));
+      }
+      if (!page.has_more) return;
+    }
+  }
+
+  async function sha256Hex(blob) {
+    const digest = await crypto.subtle.digest("SHA-256", await blob.arrayBuffer());
+    return Array.from(new Uint8Array(digest)).map((b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  // A plain link cannot carry the bearer header: fetch, check the archive's sha256 against
+  // X-Checksum-Sha256, then hand the blob to the browser as a download.
+  async function download(ck, cell) {
+    cell.textContent = "downloading…";
+    try {
+      const r = await api(ck.download_url);
+      const expected = (r.headers.get("X-Checksum-Sha256") || "").replace(/"/g, "");
+      const blob = await r.blob();
+      const got = await sha256Hex(blob);
+      const ok = got === expected;
+      cell.replaceChildren(el("code", { class: "archive-sha", text: got }),
+        el("span", { class: ok ? "sha-ok" : "error", text: ok ? " ✓ matches the server" : ` ✗ server says ${expected}` }));
+      const a = el("a", { href: URL.createObjectURL(blob), download: `${jobId}-step${ck.step}.tar.gz` });
+      document.body.append(a);
+      a.click();
+      a.remove();
+    } catch (e) {
+      cell.replaceChildren(el("span", { class: "error", text: e.message }));
+    }
+  }
+
+  async function refreshCheckpoints() {
+    const page = await getJSON(`/v1/jobs/${jobId}/checkpoints`);
+    const body = document.querySelector("#checkpoints tbody");
+    // Re-render only when the list changed: a redraw would drop a download's checksum cell.
+    const signature = page.data.map((ck) => `${ck.step}:${ck.sha256}`).join(",");
+    if (signature === body.dataset.signature) return;
+    body.dataset.signature = signature;
+    body.replaceChildren(...page.data.map((ck) => {
+      const shaCell = el("td", { class: "archive" });
+      return el("tr", { "data-step": ck.step },
+        el("td", { text: ck.step }), el("td", { text: `${(ck.bytes / 1e6).toFixed(2)} MB` }),
+        el("td", {}, el("code", { text: ck.sha256 })), el("td", { text: fmtTime(ck.created_at) }),
+        el("td", {}, el("button", { class: "download", text: "download .tar.gz",
+                                     onclick: () => download(ck, shaCell) })),
+        shaCell);
+    }));
+  }
+
+  let sideTimer = null;
+  async function refreshSide() {
+    clearTimeout(sideTimer);
+    try { await Promise.all([refreshEvents(), refreshCheckpoints()]); } catch (_) { /* next poll */ }
+    if (!TERMINAL.includes(job.status)) sideTimer = setTimeout(refreshSide, 5000);
+  }
+
+  async function start() {
+    try {
+      await refreshJob();
+    } catch (e) {
+      document.getElementById("job-title").textContent = e.status === 404 ? `No job ${jobId} (or not yours)` : e.message;
+      return;
+    }
+    document.getElementById("spec").textContent = jsyaml.dump(job.spec, { sortKeys: false });
+    buildCharts();
+    document.querySelectorAll("input[name=xaxis]").forEach((r) => r.addEventListener("change", () => {
+      mode = r.value;
+      charts.forEach((c) => c.setMode(mode));
+    }));
+    document.getElementById("cancel").addEventListener("click", async () => {
+      if (!confirm(`Cancel job ${job.name}? A running job stops at its next step.`)) return;
+      try {
+        job = await (await api(`/v1/jobs/${jobId}/cancel`, { method: "POST" })).json();
+        renderJob();
+        refreshSide();
+      } catch (e) { alert(e.message); }
+    });
+    refreshSide();
+    await Brorl.followMetrics(jobId, null, {
+      metric: (row) => {
+        rows.push(row);
+        if (job && row.step > job.step) { job.step = row.step; renderJob(); }
+        redraw();
+      },
+      status: async () => { await refreshJob(); refreshSide(); },
+      end: async () => { await refreshJob(); refreshSide(); },
+    });
+  }
+
+  Brorl.requireKey(start);
+})();

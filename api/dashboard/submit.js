@@ -1,0 +1,88 @@
+// Submit page (`/submit`): a YAML / JSON spec from the template, a file or the keyboard;
+// parsed in the browser (js-yaml), POSTed as JSON; the API's 422 errors are shown next to
+// the field they name in an outline of the spec; success lands on the job page.
+"use strict";
+(() => {
+  const { api, el } = Brorl;
+  const text = () => document.getElementById("spec-text");
+
+  /** [{field, message}] from the API's error ("a.b: msg; c: msg2", field = the first). */
+  function splitErrors(err) {
+    const items = [];
+    for (const part of (err.message || "").split(/; (?=[\w.@\[\]-]+: )/)) {
+      const m = part.match(/^([\w.@\[\]-]+): ([\s\S]*)$/);
+      items.push(m ? { field: m[1], message: m[2] } : { field: err.field || "", message: part });
+    }
+    return items;
+  }
+
+  // The spec as nested rows, each tagged with its dotted path (data-field), so an error can
+  // sit beside the field it names (or its nearest parent if the field is missing).
+  function outline(value, path, into) {
+    if (value !== null && typeof value === "object") {
+      for (const [k, child] of Object.entries(value)) {
+        const p = path ? `${path}.${k}` : k;
+        const leaf = child === null || typeof child !== "object";
+        const row = el("div", { "data-field": p },
+          el("span", { class: "key", text: `${k}:` }), leaf ? ` ${JSON.stringify(child)}` : null);
+        into.append(row);
+        if (!leaf) outline(child, p, row);
+      }
+    }
+  }
+
+  function showErrors(spec, items) {
+    const box = document.getElementById("outline");
+    box.replaceChildren();
+    outline(spec, "", box);
+    for (const { field, message } of items) {
+      let parts = field.split("."), target = null;
+      while (parts.length && !(target = box.querySelector(`[data-field="${CSS.escape(parts.join("."))}"]`))) parts.pop();
+      const note = el("span", { class: "field-error", "data-for": field,
+                                text: `← ${parts.join(".") === field ? "" : `${field}: `}${message}` });
+      if (target) {
+        target.classList.add("has-error");
+        const key = target.querySelector(":scope > .key");
+        (target.childNodes[1] && target.childNodes[1].nodeType === 3 ? target.childNodes[1] : key).after(note);
+      } else box.prepend(el("div", { class: "has-error" }, note));
+    }
+    box.hidden = false;
+    const first = box.querySelector(".has-error");
+    if (first) first.scrollIntoView({ block: "center" });
+  }
+
+  async function submit() {
+    const msg = document.getElementById("submit-msg");
+    msg.textContent = "";
+    document.getElementById("outline").hidden = true;
+    let spec;
+    try {
+      spec = jsyaml.load(text().value);
+    } catch (e) {
+      msg.textContent = `not valid YAML/JSON: ${e.message}`;
+      return;
+    }
+    if (spec === null || typeof spec !== "object" || Array.isArray(spec)) {
+      msg.textContent = "the spec must be a mapping (YAML) or an object (JSON)";
+      return;
+    }
+    try {
+      const job = await (await api("/v1/jobs", { method: "POST", json: spec })).json();
+      location.assign(`/jobs/${job.id}`);
+    } catch (e) {
+      msg.textContent = `${e.status || ""} ${e.type || "error"}: ${e.message}`;
+      if (e.status === 422) showErrors(spec, splitErrors(e));
+    }
+  }
+
+  Brorl.requireKey(() => {
+    document.getElementById("template").addEventListener("click", async () => {
+      text().value = await (await fetch("/static/template.yaml")).text();
+    });
+    document.getElementById("upload").addEventListener("change", async (ev) => {
+      const f = ev.target.files[0];
+      if (f) text().value = await f.text();
+    });
+    document.getElementById("submit").addEventListener("click", submit);
+  });
+})();
