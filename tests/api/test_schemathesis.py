@@ -34,9 +34,6 @@ def test_no_server_errors(settings, enqueued, key):
     real = {"job_id": job_id, "dataset_id": dataset_id}
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 12
-    # The checkpoint routes' `step` bound belongs to issue 9's other half (branch issue-9b);
-    # MERGE: drop this filter once it has landed, so every endpoint is fuzzed.
-    operations = [op for op in operations if "{step}" not in op.path]
 
     for operation in operations:
         # (The pytest plugin's from_fixture does not work with this pytest; hypothesis's own
