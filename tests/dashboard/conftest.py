@@ -51,6 +51,7 @@ def prebuild_tiny_model(spec: dict) -> None:
     numbers that move, not a good model. The key is the trainer's own (task and seed), and
     the seed is one no other test uses, so no test gets this weaker model by accident."""
     from trainer import components, tiny_model
+    from trainer.stop import never
     from trainer.spec import JobSpec
     from trainer.tasks import build_task
     from trainer.tasks.scoring import Scorer
@@ -62,7 +63,7 @@ def prebuild_tiny_model(spec: dict) -> None:
             Scorer(task, reward=job.task.reward, truncated_reward=job.algo.truncated_reward) as scorer:
         mp.setattr(tiny_model, "ensure_tiny_model",
                    lambda cache, key, **kw: full(cache, key, **kw, max_sft_steps=WARM_START_STEPS))
-        components._tiny_model_dir(job, task, scorer)
+        components._tiny_model_dir(job, task, scorer, never)
 
 
 @pytest.fixture(scope="session")
