@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from store.models import EventType, JobStatus
 
@@ -28,6 +28,36 @@ class ListPublic(BaseModel, Generic[T]):
     object: Literal["list"] = "list"
     data: list[T]
     has_more: bool = False
+
+
+class StagePublic(BaseModel):
+    n: int
+    prompts_per_step: int
+    steps: int
+
+
+class JobOverview(BaseModel):
+    """What a list of jobs shows of each spec: a few fields, not the whole (kilobyte) spec."""
+
+    model: str = Field(description="model.path")
+    task: str = Field(description="The reasoning-gym task's name, `dataset <id>`, or the task kind.")
+    schedule: list[StagePublic] = Field(description="rollout.schedule: N, prompts and steps per stage.")
+    eval_every: int = Field(description="eval.every (0: no periodic evaluation).")
+
+
+def job_overview(spec: dict[str, Any]) -> JobOverview:
+    task = spec.get("task") or {}
+    if task.get("reasoning_gym"):
+        task_name = task["reasoning_gym"]["name"]
+    elif task.get("dataset"):
+        task_name = f"dataset {task['dataset'].get('id')}"
+    else:
+        task_name = next((k for k, v in task.items() if v), "")
+    stages = (spec.get("rollout") or {}).get("schedule") or []
+    return JobOverview(model=(spec.get("model") or {}).get("path", ""), task=task_name,
+                       schedule=[StagePublic(n=st["n"], prompts_per_step=st["prompts_per_step"],
+                                             steps=st["steps"]) for st in stages],
+                       eval_every=(spec.get("eval") or {}).get("every") or 0)
 
 
 class JobSummary(_Public):
@@ -47,6 +77,18 @@ class JobSummary(_Public):
     error: str | None = None
     warning: str | None = Field(None, description="The trainer's latest warning (e.g. the job "
                                                   "cannot learn, and which field to change).")
+    overview: JobOverview = Field(description="Model, task and schedule, from the spec.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _with_overview(cls, data: Any) -> Any:
+        """From a job row: its columns, plus the overview derived from its spec."""
+        if isinstance(data, dict):
+            return data
+        values = {name: getattr(data, name) for name in cls.model_fields
+                  if name != "overview" and hasattr(data, name)}
+        values["overview"] = job_overview(data.spec)
+        return values
 
 
 class JobPublic(JobSummary):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Select, func, select
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session
 
 from store.models import Checkpoint, Job, JobEvent, JobStatus, Metric
 
@@ -39,10 +39,10 @@ def list_jobs(
     """The tenant's jobs newest first; `after` is the last id of the previous page.
 
     Ids sort by creation time (ULID), so "older than the cursor" is simply `id < after`.
-    Returns (jobs, has_more). The spec column is not loaded (lists do not show it; a spec
-    can be kilobytes, and reading it back for every row made large lists slow).
+    Returns (jobs, has_more). The API shows an overview of each spec (model, task, schedule),
+    never the whole spec; specs are size-bounded at submission (trainer/spec.py).
     """
-    query = select(Job).options(defer(Job.spec)).where(Job.tenant_id == tenant_id)
+    query = select(Job).where(Job.tenant_id == tenant_id)
     if status is not None:
         query = query.where(Job.status == JobStatus(status))
     if after is not None:

@@ -159,20 +159,21 @@ const Brorl = (() => {
   const TERMINAL = ["succeeded", "failed", "cancelled"];
   const statusPill = (s) => el("span", { class: `pill st-${s}`, text: s });
 
-  /** The stages of a job spec: [{n, prompts, steps, first}] (first = first 1-based step). */
-  function stages(spec) {
+  /** The stages of a job's schedule (`job.overview.schedule`): [{n, prompts, steps, first}]
+   * (first = first 1-based step). */
+  function stages(schedule) {
     const out = [];
     let first = 1;
-    for (const s of (spec.rollout && spec.rollout.schedule) || []) {
+    for (const s of schedule || []) {
       out.push({ n: s.n, prompts: s.prompts_per_step, steps: s.steps, first });
       first += s.steps;
     }
     return out;
   }
   /** "16×25 → 64×5": N × steps per stage, the schedule in a few characters. */
-  const scheduleText = (spec) => stages(spec).map((s) => `N=${s.n}×${s.steps}`).join(" → ");
-  function stageAt(spec, step) {
-    const st = stages(spec);
+  const scheduleText = (schedule) => stages(schedule).map((s) => `N=${s.n}×${s.steps}`).join(" → ");
+  function stageAt(schedule, step) {
+    const st = stages(schedule);
     let idx = 0;
     st.forEach((s, i) => { if (step >= s.first) idx = i; });
     return st.length ? { index: idx, n: st[idx].n } : null;

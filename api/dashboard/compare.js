@@ -63,7 +63,7 @@
     const data = uPlot.join(tables);
     const series = [{ label: Charts.X_LABELS[mode] }, ...ids.map((id, i) => {
       const { job } = cache.get(id);
-      return { label: `${job.name} (${scheduleText(job.spec)})`, stroke: Charts.PALETTE[i],
+      return { label: `${job.name} (${scheduleText(job.overview.schedule)})`, stroke: Charts.PALETTE[i],
                width: 2, spanGaps: true, points: { show: false } };
     })];
     if (u) u.destroy();
@@ -80,7 +80,7 @@
     const want = new URLSearchParams(location.search).getAll("job");
     pick.replaceChildren(...page.data.map((j) => el("label", {},
       el("input", { type: "checkbox", value: j.id, checked: want.includes(j.id), onchange: refresh }),
-      ` ${j.name} · ${scheduleText(j.spec)} · ${j.status}`)));
+      ` ${j.name} · ${scheduleText(j.overview.schedule)} · ${j.status}`)));
     if (!page.data.length) pick.append("No jobs yet.");
     document.getElementById("metric").addEventListener("change", (e) => draw(selected(), e.target.value));
     document.querySelectorAll("input[name=xaxis]").forEach((r) => r.addEventListener("change", () => {

@@ -75,7 +75,7 @@
     document.getElementById("job-progress").replaceChildren(
       el("progress", { max: job.total_steps, value: job.step }), ` step ${job.step} / ${job.total_steps}`);
     document.getElementById("job-schedule").textContent =
-      `model ${job.spec.model.path} · schedule ${scheduleText(job.spec)}` +
+      `model ${job.spec.model.path} · schedule ${scheduleText(job.overview.schedule)}` +
       (job.cancel_requested && !TERMINAL.includes(job.status) ? " · cancel requested" : "");
     const errBox = document.getElementById("job-error");
     errBox.hidden = !job.error;

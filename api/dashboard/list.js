@@ -10,7 +10,7 @@
   async function summary(job) {
     const cached = latest.get(job.id);
     if (cached && cached.step === job.step && cached.status === job.status) return cached;
-    const every = (job.spec.eval && job.spec.eval.every) || 0;
+    const every = job.overview.eval_every || 0;
     const after = Math.max(job.step - Math.max(every, 1) - 1, -1);
     const s = { step: job.step, status: job.status, reward: null, pass1: null, updated: null };
     if (job.step > 0 || job.status !== "queued") {
@@ -26,16 +26,13 @@
   }
 
   function row(job, s) {
-    const st = stageAt(job.spec, Math.max(job.step, 1));
-    const spec = job.spec;
-    const task = spec.task.reasoning_gym ? spec.task.reasoning_gym.name
-      : spec.task.dataset ? `dataset ${spec.task.dataset.id}` : Object.keys(spec.task)[0];
+    const st = stageAt(job.overview.schedule, Math.max(job.step, 1));
     const bar = el("progress", { max: job.total_steps, value: job.step });
     return el("tr", { "data-job": job.id },
       el("td", {}, statusPill(job.status)),
       el("td", {}, el("a", { href: `/jobs/${job.id}`, text: job.name })),
-      el("td", { text: spec.model.path }),
-      el("td", { text: task }),
+      el("td", { text: job.overview.model }),
+      el("td", { text: job.overview.task }),
       el("td", { text: st ? `${st.index} · N=${st.n}` : "" }),
       el("td", {}, bar, ` ${job.step} / ${job.total_steps}`),
       el("td", { class: "reward", text: fmt(s.reward) }),

@@ -46,9 +46,15 @@ def test_lists_strings_and_numbers_in_the_spec_are_bounded(client, auth, section
 
 
 def test_job_list_leaves_the_spec_out(client, auth):
-    job = client.post("/v1/jobs", json=make_spec(), headers=auth).json()
+    spec = make_spec()
+    job = client.post("/v1/jobs", json=spec, headers=auth).json()
     listed = client.get("/v1/jobs", headers=auth).json()["data"]
     assert [j["id"] for j in listed] == [job["id"]] and "spec" not in listed[0]
+    # ...but an overview of it: what a jobs list (the dashboard's) shows.
+    overview = listed[0]["overview"]
+    assert overview["model"] == spec["model"]["path"]
+    assert [st["n"] for st in overview["schedule"]] == [st["n"] for st in spec["rollout"]["schedule"]]
+    assert job["overview"] == overview
     assert client.get(f"/v1/jobs/{job['id']}", headers=auth).json()["spec"]["name"]
 
 
