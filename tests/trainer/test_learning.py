@@ -3,8 +3,8 @@
 The demo spec is the one users run first (`make demo`, README), so this is the run whose
 outcome they see: a freshly built, warm-started model (chain_sum, one-digit sums and
 differences) trained by the BroRL recipe for 30 steps (n 16, then n 64). Measured on 2 CPU
-cores (5 min 6 s in all): eval pass@1 0.604, 0.645, 0.651, 0.661, 0.668, 0.652, 0.652 at steps
-0, 5, ..., 30. An eval is 64 prompts x 16 samples with fixed sampling seeds, so an unchanged
+cores after issue 8 (docs/results.md section 0): eval pass@1 0.469, 0.535, 0.538, 0.543, 0.569,
+0.565, 0.572 at steps 0, 5, ..., 30. An eval is 64 prompts x 16 samples with fixed sampling seeds, so an unchanged
 model scores the same and the sampling noise of one eval is about +-0.015: the test wants every
 later eval 0.03 above step 0 and the last one 0.04 above.
 """
