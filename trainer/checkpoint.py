@@ -39,6 +39,11 @@ class TrainerState:
     data_cursor: int           # prompts consumed from the shuffled training stream
     ref_step: int              # step at which the KL reference was last reset to the policy
     spec_sha256: str
+    # Running counters a resumed run must continue, not restart (older checkpoints: defaults).
+    keep_rate_running: float = 1.0   # dynamic sampling's running keep rate (sets oversampling)
+    keep_rounds_seen: int = 0
+    nonfinite_in_row: int = 0
+    stalled_steps: int = 0
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,10 @@ def make_optimizer(params, optim_spec, lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr, betas=o.betas, weight_decay=o.weight_decay)
 
 
+# Run fields saved in TrainerState so that a resumed run continues them (step.py, loop.py).
+RESUMED_COUNTERS = ("keep_rate_running", "keep_rounds_seen", "nonfinite_in_row", "stalled_steps")
+
+
 @dataclass
 class Run:
     spec: JobSpec
@@ -161,4 +165,5 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
                plans=plans, state=state, train_ids=train_ids, eval_ids=eval_ids,
                micro_batch_tokens=micro, compute_dtype=cdtype,
                update_cfg=UpdateConfig.from_spec(spec, cdtype),
-               advantage_fn=ADVANTAGES[spec.algo.advantage], stop_check=stop_check)
+               advantage_fn=ADVANTAGES[spec.algo.advantage], stop_check=stop_check,
+               **{name: getattr(state, name) for name in RESUMED_COUNTERS})

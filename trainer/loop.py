@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainer import checkpoint
-from trainer.components import Run, build_run
+from trainer.components import RESUMED_COUNTERS, Run, build_run
 from trainer.data import mix_seed
 from trainer.evaluate import EvalContext, evaluate
 from trainer.schedule import stage_for_step
@@ -49,6 +49,8 @@ def _evaluate(run: Run, sink: MetricsSink, step: int) -> dict[str, float]:
 def _checkpoint(run: Run, sink: MetricsSink, step: int) -> Path:
     run.state.step = step
     run.state.data_cursor = run.stream.cursor
+    for name in RESUMED_COUNTERS:
+        setattr(run.state, name, getattr(run, name))
     saved = checkpoint.save(run.out_dir, run.state, run.policy, run.tokenizer, run.optimizer, run.ref)
     sink.checkpoint(step, saved.path, saved.nbytes, saved.sha256)
     # Prune after the sink recorded the new one: a listed checkpoint is never missing its files.
