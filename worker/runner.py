@@ -178,14 +178,12 @@ def _dataset_path(spec: Any, tenant_id: int) -> Path | None:
         return Path(row.uri)
 
 
-def _finish(job_id: str, attempt: int, status: str, error: str | None = None,
-            tb: str | None = None) -> str | None:
+def _finish(job_id: str, attempt: int, status: str, error: str | None = None) -> str | None:
     """Record the outcome and return the status written (a success after a cancel request is
     written as cancelled); a `Fenced` here means someone else owns the job now: None."""
     try:
         with session_scope() as s:
-            return jobs.finish(s, job_id, attempt, status, error=error,
-                               data={"traceback": tb} if tb is not None else None).value
+            return jobs.finish(s, job_id, attempt, status, error=error).value
     except Fenced:
         log.warning("job %s attempt %s fenced before finishing as %s", job_id, attempt, status)
         return None
