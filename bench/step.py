@@ -64,7 +64,7 @@ def overrides(engine: str, n: int, samples: int, steps: int, mbt: int, max_new_t
 
 def child(cfg: dict) -> None:
     """Runs in the fresh subprocess: build the run, take the steps, print the tagged result."""
-    from trainer.components import build_run
+    from trainer.run import build_run
     from trainer.step import run_step
 
     import torch

@@ -40,7 +40,7 @@ def evaluate(ctx: EvalContext, spec: JobSpec, seed: int) -> dict[str, float]:
 
 def evaluate_checkpoint(spec: JobSpec, model_dir, dataset_path=None) -> dict[str, float]:
     """`brorl eval`: load a checkpoint folder and evaluate it on the spec's held-out split."""
-    from trainer.components import _encode
+    from trainer.run import _encode
     from trainer.engines import make_engine
     from trainer.models import load_policy, resolve_device
     from trainer.tasks import build_task

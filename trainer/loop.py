@@ -3,7 +3,7 @@
 Each step: maybe evaluate -> pick prompts -> generate N rollouts per prompt -> score ->
 advantages -> filter (refill) -> PPO mini-batches (micro-batched backward) -> optimizer step
 -> sync weights into the rollout engine -> log -> maybe checkpoint -> maybe reset reference.
-The step itself lives in `trainer.step`; building the run in `trainer.components`.
+The step itself lives in `trainer.step`; building the run in `trainer.run`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainer import checkpoint
-from trainer.components import RESUMED_COUNTERS, Run, build_run
+from trainer.run import RESUMED_COUNTERS, Run, build_run
 from trainer.data import mix_seed
 from trainer.evaluate import EvalContext, evaluate
 from trainer.schedule import stage_for_step
@@ -100,21 +100,23 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
         run = build_run(spec, Path(out_dir), resume, dataset_path, check)
     except StopRequested:  # during the warm start of builtin:tiny
         return TrainResult(steps_completed=0, stopped=True, last_eval=None, last_checkpoint=None)
-    total, start = spec.total_steps, run.state.step
-    last_eval, last_ckpt, stopped, step = None, None, False, start
+    total = spec.total_steps
+    start = done = run.state.step  # `done`: steps whose update, metrics and eval all finished
+    last_eval, last_ckpt, stopped = None, None, False
     try:
         if start == 0:
             last_eval = _evaluate(run, sink, 0)
             sink.metrics(0, {**last_eval, "stage": 0, "n": run.plans[0].n})
-        for step in range(start + 1, total + 1):
+        while done < total:
             if should_stop():
                 stopped = True
                 break
-            plan = stage_for_step(run.plans, step - 1)
-            if step - 1 == plan.first_step or step == start + 1:
+            step = done + 1
+            plan = stage_for_step(run.plans, done)  # the schedule counts steps from 0
+            if done == plan.first_step or done == start:
                 sink.event("stage_started", {"step": step, **dataclasses.asdict(plan)})
             run.state.stage = plan.index
-            values = run_step(run, plan, step - 1)
+            values = run_step(run, plan, done)
             if _due(spec.eval.every, step) or step == total:
                 last_eval = _evaluate(run, sink, step)
                 values.update(last_eval)
@@ -129,15 +131,12 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
                 run.state.ref_step = step
             if _due(spec.checkpoint.every, step) or step == total:
                 last_ckpt = _checkpoint(run, sink, step)
-        else:
-            step = total
-        if stopped and step - 1 > start and not _due(spec.checkpoint.every, step - 1):
-            # keep the work done before the stop
-            last_ckpt = _checkpoint(run, sink, step - 1)
+            done = step
+        if stopped and done > start and not _due(spec.checkpoint.every, done):
+            last_ckpt = _checkpoint(run, sink, done)  # keep the work done before the stop
     except StopRequested:
-        # Stopped inside a phase of `step`: that step is abandoned, not saved half-done.
+        # Stopped inside a phase of a step: that step is abandoned, not saved half-done.
         stopped = True
     finally:
         run.close()
-    done = max(step - 1, start) if stopped else total
     return TrainResult(steps_completed=done, stopped=stopped, last_eval=last_eval, last_checkpoint=last_ckpt)

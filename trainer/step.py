@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.components import Run
+from trainer.run import Run
 from trainer.data import mix_seed
 from trainer.filtering import filter_rollouts, solve_fractions
-from trainer.policy import ppo_update, sequence_logprobs
+from trainer.update import ppo_update, sequence_logprobs
 from trainer.rollouts import Rollouts, SamplingConfig, concat_rollouts
 from trainer.schedule import StagePlan, lr_at
 

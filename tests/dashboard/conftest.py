@@ -50,7 +50,7 @@ def prebuild_tiny_model(spec: dict) -> None:
     which the `brorl up` child inherits, so the jobs start in seconds. The dashboard needs
     numbers that move, not a good model. The key is the trainer's own (task and seed), and
     the seed is one no other test uses, so no test gets this weaker model by accident."""
-    from trainer import components, tiny_model
+    from trainer import run as run_build, tiny_model
     from trainer.stop import never
     from trainer.spec import JobSpec
     from trainer.tasks import build_task
@@ -63,7 +63,7 @@ def prebuild_tiny_model(spec: dict) -> None:
             Scorer(task, reward=job.task.reward, truncated_reward=job.algo.truncated_reward) as scorer:
         mp.setattr(tiny_model, "ensure_tiny_model",
                    lambda cache, key, **kw: full(cache, key, **kw, max_sft_steps=WARM_START_STEPS))
-        components._tiny_model_dir(job, task, scorer, never)
+        run_build._tiny_model_dir(job, task, scorer, never)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM
 
-from trainer.components import cache_dir, tiny_model_key
+from trainer.run import cache_dir, tiny_model_key
 from trainer.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]

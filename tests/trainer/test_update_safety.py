@@ -11,7 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausa
 from trainer.advantages import ADVANTAGES
 from trainer.losses import KL_ESTIMATORS, is_weights, ppo_clip_terms
 from trainer.models import disable_dropout, load_policy
-from trainer.policy import UpdateConfig, ppo_update, sequence_logprobs
+from trainer.update import UpdateConfig, ppo_update, sequence_logprobs
 from trainer.rollouts import Rollouts
 from trainer.spec import JobSpec
 from trainer.step import NonFiniteError, split_mini_batches, update
@@ -197,7 +197,7 @@ def test_old_logprobs_are_not_changed_by_the_mini_batch_updates():
 
 def test_8bit_optimizer_state_steps_the_fp32_masters():
     pytest.importorskip("bitsandbytes")
-    from trainer.components import make_optimizer
+    from trainer.run import make_optimizer
     from trainer.spec import OptimSpec
 
     model = _qwen()

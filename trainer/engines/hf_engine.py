@@ -19,7 +19,7 @@ import time
 import torch
 
 from trainer.engines.base import WeightSyncError
-from trainer.policy import autocast
+from trainer.update import autocast
 from trainer.rollouts import Generation, SamplingConfig
 
 

@@ -21,7 +21,7 @@ from trainer.data import PromptStream
 from trainer.engines import make_engine
 from trainer.models import compute_dtype, load_policy, resolve_device
 from trainer.advantages import ADVANTAGES, AdvantageFn
-from trainer.policy import UpdateConfig, auto_micro_batch_tokens
+from trainer.update import UpdateConfig, auto_micro_batch_tokens
 from trainer.schedule import StagePlan, plan
 from trainer.spec import JobSpec
 from trainer.stop import never
