@@ -33,6 +33,7 @@ from typing import Any, Callable
 from store import artifacts, datasets, jobs
 from store.db import session_scope
 from store.errors import Fenced
+from store.model_policy import model_path_problem
 from store.models import Checkpoint
 from store.settings import Settings, get_settings
 from trainer import ckpt_format
@@ -205,6 +206,12 @@ def run_job(job_id: str, settings: Settings | None = None) -> str | None:
         spec = JobSpec.model_validate(claim.spec)
     except Exception as exc:  # noqa: BLE001 - a stored spec that no longer validates
         _finish(job_id, attempt, "failed", f"invalid spec: {user_message(exc)}")
+        return "failed"
+    # Checked again here, not only at submission: a spec stored before the operator narrowed
+    # BRORL_MODEL_ROOTS (or written around the API) must not load an arbitrary path.
+    problem = model_path_problem(spec.model.path, settings)
+    if problem is not None:
+        _finish(job_id, attempt, "failed", f"model.path: {problem}")
         return "failed"
     state = StopState(max_wall_seconds=spec.limits.max_wall_seconds,
                       lease_seconds=settings.lease_seconds, job_id=job_id, attempt=attempt)
