@@ -15,7 +15,8 @@ be tested without a broker. One run, top to bottom:
    this attempt's own folder (`jobs/<id>/attempt-<n>`): attempts never share files.
 4. finish: succeeded (cancelled if a cancel was requested meanwhile), cancelled (stopped by
    a cancel), or failed (an exception, with a `failed` event carrying a user message; the
-   traceback goes to the worker log only, or the wall-clock limit). A fenced run writes
+   traceback goes to the worker log only, or the wall-clock limit), after the sink has
+   written the rows it buffered during a database outage. A fenced run writes
    nothing: the job is no longer ours. A run stopped because the worker is shutting down
    writes nothing either: the lease runs out and the reaper requeues the job.
 """
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from sqlalchemy.exc import OperationalError
+
 from store import artifacts, datasets, jobs
 from store.db import session_scope
 from store.errors import Fenced
@@ -38,7 +41,7 @@ from store.models import Checkpoint
 from store.settings import Settings, get_settings
 from trainer import ckpt_format
 from worker.messages import user_message
-from worker.sink import DbSink
+from worker.sink import DatabaseUnavailable, DbSink, SinkBufferFull
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +191,11 @@ def _finish(job_id: str, attempt: int, status: str, error: str | None = None) ->
     except Fenced:
         log.warning("job %s attempt %s fenced before finishing as %s", job_id, attempt, status)
         return None
+    except OperationalError:
+        # Nothing else to write it with: the lease runs out and the reaper retries the job.
+        log.error("job %s attempt %s: database unreachable, could not record %s (%s)",
+                  job_id, attempt, status, error)
+        return None
 
 
 def run_job(job_id: str, settings: Settings | None = None) -> str | None:
@@ -229,7 +237,7 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         state.fenced = True
 
     sink = DbSink(job_id, attempt, on_fenced=on_fenced, keep_last=spec.checkpoint.keep_last,
-                  retry_seconds=settings.lease_seconds)
+                  retry_seconds=settings.lease_seconds, buffer_rows=settings.sink_buffer_rows)
     try:
         # Per attempt: a stale attempt can neither overwrite nor prune its successor's files.
         out_dir = artifacts.attempt_dir(settings, job_id, attempt)
@@ -238,12 +246,18 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         train = resolve_entrypoint(settings.trainer_entrypoint)
         train(spec, sink, state.should_stop, resume=_resume_dir(job_id),
               out_dir=out_dir, dataset_path=_dataset_path(spec, tenant_id))
+        sink.flush()  # rows buffered during a database outage land before the outcome
     except Fenced:
         state.fenced = True
     except Exception as exc:  # noqa: BLE001 - any trainer error fails the job, not the worker
         if state.fenced:
             return None
         log.exception("job %s failed", job_id)
+        if not isinstance(exc, (SinkBufferFull, DatabaseUnavailable)):
+            try:
+                sink.flush()  # the steps before the error still count
+            except Fenced:
+                return None
         return _finish(job_id, attempt, "failed", user_message(exc))  # traceback: logged above only
     if state.fenced:
         return None
