@@ -5,7 +5,8 @@
 Drives the ASGI app directly (no HTTP client, no socket: only the server's own work) with
 the dashboards' request of bench/load.py, one at a time, and prints (and writes to
 bench/out/profile_request.txt) the CPU ms per request of the whole app and of its layers
-(the queries alone, the route's work without the framework, the framework on an empty route),
+(the route's own work now and as it was before the hot-path rewrite, the framework and
+middleware on a route without a database),
 then a cProfile of the whole app (thread-pool calls run inline so the profile sees them).
 """
 from __future__ import annotations
@@ -111,8 +112,14 @@ def main() -> int:
                 page = ListPublic[MetricPublic](data=[MetricPublic.model_validate(m) for m in rows[:50]])
                 page.model_dump_json()
 
-        figures["the two queries (session + ORM)"] = _cpu_ms(queries, n)
-        figures["route work (queries + pydantic + JSON)"] = _cpu_ms(route_work, n)
+        from api.routes.events_metrics import _metric_page
+        from store.db import get_read_engine
+
+        read = get_read_engine(url)
+        figures["route work now: one raw query + page assembly"] = _cpu_ms(
+            lambda: _metric_page(read, tenant_id, job_id, None, 50), n)
+        figures["route work before: session, two ORM queries"] = _cpu_ms(queries, n)
+        figures["route work before: + pydantic models + JSON"] = _cpu_ms(route_work, n)
         figures["/healthz (framework + middleware, no DB)"] = _cpu_ms(
             lambda: loop.run_until_complete(_get(app, "/healthz", "", key)), n)
         for what, ms in figures.items():
