@@ -214,9 +214,11 @@ def _cpu_seconds(procs: list[psutil.Process]) -> float:
     return total
 
 
-def _server_procs(server: subprocess.Popen, url: str) -> list[psutil.Process]:
-    """uvicorn's processes and the PostgreSQL backends serving this database."""
+def _server_procs(server: subprocess.Popen,
+                  url: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """(uvicorn's processes, the PostgreSQL backends serving this database)."""
     procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+    backends: list[psutil.Process] = []
     name = url.rsplit("/", 1)[1]
     admin = create_engine(url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -225,10 +227,10 @@ def _server_procs(server: subprocess.Popen, url: str) -> list[psutil.Process]:
     admin.dispose()
     for pid in pids:
         try:
-            procs.append(psutil.Process(pid))
+            backends.append(psutil.Process(pid))
         except psutil.Error:
             pass
-    return procs
+    return procs, backends
 
 
 def main() -> int:
@@ -275,18 +277,22 @@ def main() -> int:
                       headers={"Authorization": f"Bearer {key}"}, timeout=30)
         me = psutil.Process()
         load_before = os.getloadavg()[0]
-        server_procs = _server_procs(server, url)
-        server_cpu0, gen_cpu0 = _cpu_seconds(server_procs), _cpu_seconds([me])
+        api_procs, pg_procs = _server_procs(server, url)
+        cpu0 = [_cpu_seconds(api_procs), _cpu_seconds(pg_procs), _cpu_seconds([me])]
         result = asyncio.run(_run_load(base, job_id, victims, args))
-        server_cpu = _cpu_seconds(server_procs) - server_cpu0
-        gen_cpu = _cpu_seconds([me]) - gen_cpu0
+        api_cpu, pg_cpu, gen_cpu = (after - before for after, before in zip(
+            [_cpu_seconds(api_procs), _cpu_seconds(pg_procs), _cpu_seconds([me])], cpu0))
+        server_cpu = api_cpu + pg_cpu
+        per = 1000 / max(1, result["requests"])
         result.update(
             load_avg_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
             client=args.client,
             # CPU ms per answered dashboard request (streams and the writer included): what
             # the server side (uvicorn + its PostgreSQL backends) and the generator each cost.
-            server_cpu_ms_per_request=round(1000 * server_cpu / max(1, result["requests"]), 2),
-            generator_cpu_ms_per_request=round(1000 * gen_cpu / max(1, result["requests"]), 2))
+            server_cpu_ms_per_request=round(server_cpu * per, 2),
+            api_cpu_ms_per_request=round(api_cpu * per, 2),
+            postgres_cpu_ms_per_request=round(pg_cpu * per, 2),
+            generator_cpu_ms_per_request=round(gen_cpu * per, 2))
         refused = 0
         for sock, _ in attack:  # how the stalled uploads ended (429 cap, 408 timeout, or open)
             sock.settimeout(0.01)
