@@ -136,7 +136,7 @@ def main() -> int:
             loop.run_until_complete(_get(app, path, query, key))
         prof.disable()
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
         lines.append(buf.getvalue())
     finally:
         from store.db import reset_engine_cache

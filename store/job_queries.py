@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Select, Text, and_, cast, func, select
+from sqlalchemy import Connection, Select, Text, and_, bindparam, cast, func, select
 from sqlalchemy.orm import Session
 
 from store.models import Checkpoint, Job, JobEvent, JobStatus, Metric
@@ -91,6 +91,19 @@ def list_metrics(
         query = query.where(Metric.step > after_step)
     return list(s.scalars(query.order_by(Metric.step).limit(limit)))
 
+def _metric_page_query() -> Select[Any]:
+    m = Metric.__table__
+    join = Job.__table__.outerjoin(m, and_(m.c.job_id == Job.id, m.c.step > bindparam("after")))
+    return (select(m.c.step, cast(m.c["values"], Text), m.c.created_at)
+            .select_from(join)
+            .where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
+            .order_by(m.c.step).limit(bindparam("limit")))
+
+
+# Built once: constructing the statement per request cost more CPU than running it.
+_METRIC_PAGE = _metric_page_query()
+
+
 def metric_page_raw(
     conn: Connection, tenant_id: int, job_id: str, after_step: int | None, limit: int
 ) -> list[tuple[int, str, Any]] | None:
@@ -102,12 +115,8 @@ def metric_page_raw(
     Python objects only to be encoded again.
     """
     after = -(2**31) if after_step is None else after_step
-    m = Metric.__table__
-    join = Job.__table__.outerjoin(m, and_(m.c.job_id == Job.id, m.c.step > after))
-    query = (select(m.c.step, cast(m.c["values"], Text), m.c.created_at)
-             .select_from(join).where(Job.id == job_id, Job.tenant_id == tenant_id)
-             .order_by(m.c.step).limit(limit))
-    rows = conn.execute(query).all()
+    rows = conn.execute(_METRIC_PAGE, {"after": after, "job_id": job_id,
+                                       "tenant_id": tenant_id, "limit": limit}).all()
     if not rows:
         return None
     return [tuple(r) for r in rows if r[0] is not None]
