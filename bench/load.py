@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -203,15 +204,20 @@ async def _run_load(base: str, job_id: str, victims: list[str], args) -> dict:
     }
 
 
-def _cpu_seconds(procs: list[psutil.Process]) -> float:
-    total = 0.0
+def _cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
+    """CPU seconds (user + system) of each process still alive, by pid."""
+    out: dict[int, float] = {}
     for proc in procs:
         try:
             times = proc.cpu_times()
-            total += times.user + times.system
-        except psutil.Error:
+            out[proc.pid] = times.user + times.system
+        except psutil.Error:  # it exited: its share is left out at both ends
             pass
-    return total
+    return out
+
+
+def _cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(after[pid] - before[pid] for pid in after if pid in before)
 
 
 def _server_procs(server: subprocess.Popen,
@@ -260,7 +266,8 @@ def main() -> int:
                "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         server = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--port",
-             str(port), "--workers", str(args.workers), "--log-level", "warning"], env=env)
+             str(port), "--workers", str(args.workers), "--log-level", "warning"], env=env,
+            start_new_session=True)  # its own process group: cleanup reaches the workers too
         base = f"http://127.0.0.1:{port}"
         for _ in range(300):
             try:
@@ -280,7 +287,7 @@ def main() -> int:
         api_procs, pg_procs = _server_procs(server, url)
         cpu0 = [_cpu_seconds(api_procs), _cpu_seconds(pg_procs), _cpu_seconds([me])]
         result = asyncio.run(_run_load(base, job_id, victims, args))
-        api_cpu, pg_cpu, gen_cpu = (after - before for after, before in zip(
+        api_cpu, pg_cpu, gen_cpu = (_cpu_delta(before, after) for after, before in zip(
             [_cpu_seconds(api_procs), _cpu_seconds(pg_procs), _cpu_seconds([me])], cpu0))
         server_cpu = api_cpu + pg_cpu
         per = 1000 / max(1, result["requests"])
@@ -307,8 +314,12 @@ def main() -> int:
     finally:
         stop.set()
         if server is not None:
-            server.terminate()
-            server.wait(15)
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(15)
         from store.db import reset_engine_cache
 
         reset_engine_cache()
