@@ -21,6 +21,7 @@ it was about to register: no file of a stale attempt survives it.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from pathlib import Path
@@ -46,14 +47,22 @@ class DatabaseUnavailable(RuntimeError):
     """Buffered rows could not be written within the sink's retry time."""
 
 
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy / torch scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # NaN/Infinity are not JSON: PostgreSQL's jsonb refuses the whole row
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    """Metric values as plain JSON numbers (trainers hand over numpy / torch scalars)."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if hasattr(value, "item"):
-            value = value.item()
-        out[str(key)] = value
-    return out
+    """Metric values as plain JSON (trainers hand over numpy / torch scalars; a diverged
+    step's NaN loss is stored as null rather than failing the write)."""
+    return {str(key): _plain(value) for key, value in values.items()}
 
 
 class DbSink:

@@ -273,3 +273,19 @@ def test_worker_rechecks_model_path_against_allowed_roots(tenant_id, tmp_path, m
         assert events(job_id)[-1][0] == "failed"
     assert runner.run_job(job_with_model(str(root / "ok"))) == "succeeded"
     assert runner.run_job(job_with_model("builtin:tiny")) == "succeeded"
+
+
+def test_sink_stores_nan_and_infinity_as_null(new_job):
+    """PostgreSQL's jsonb refuses NaN (the whole write failed); the sink writes null."""
+    import math
+
+    from worker.sink import DbSink
+
+    job_id = new_job()
+    with session_scope() as s:
+        attempt = jobs.claim(s, job_id, "w", lease_seconds=60).attempt
+    sink = DbSink(job_id, attempt)
+    sink.metrics(1, {"loss": math.nan, "grad": [1.0, math.inf], "ok": 0.5})
+    with session_scope() as s:
+        (row,) = s.query(Metric).filter_by(job_id=job_id).all()
+        assert row.values == {"loss": None, "grad": [1.0, None], "ok": 0.5}
