@@ -258,6 +258,8 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
                 sink.flush()  # the steps before the error still count
             except Fenced:
                 return None
+            except DatabaseUnavailable:
+                log.error("job %s: its last metric rows were not written", job_id)
         return _finish(job_id, attempt, "failed", user_message(exc))  # traceback: logged above only
     if state.fenced:
         return None
