@@ -15,6 +15,7 @@ Reconnecting clients send `Last-Event-ID` (the last step seen), or `?after_step=
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -80,7 +81,12 @@ async def list_metrics(
     body = await run_in_threadpool(_metric_page, engine, tenant.id, job_id, after_step, limit)
     if body is None:
         raise NotFound(f"job {job_id} not found")
-    return Response(body, media_type="application/json")
+    # A poller that sends back the ETag of an unchanged page gets a bodyless 304.
+    etag = '"%s"' % hashlib.blake2b(body, digest_size=12).hexdigest()
+    headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
+    if etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
 
 
 _DATETIME = TypeAdapter(datetime)

@@ -73,6 +73,20 @@ def test_metrics_page_is_what_the_pydantic_models_write(client, auth, other_auth
     assert_error(client.get("/v1/jobs/nope/metrics", headers=auth), 404)
 
 
+def test_unchanged_metrics_page_is_a_304(client, auth, database_url, running_job):
+    job_id, attempt = running_job
+    _write_steps(database_url, job_id, attempt, [1])
+    url = f"/v1/jobs/{job_id}/metrics"
+    first = client.get(url, headers=auth)
+    etag = first.headers["ETag"]
+    again = client.get(url, headers={**auth, "If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b"" and again.headers["ETag"] == etag
+    _write_steps(database_url, job_id, attempt, [2])
+    changed = client.get(url, headers={**auth, "If-None-Match": etag})
+    assert changed.status_code == 200 and changed.headers["ETag"] != etag
+    assert [m["step"] for m in changed.json()["data"]] == [1, 2]
+
+
 def test_metrics_page_survives_connections_the_server_dropped(client, auth, database_url,
                                                              running_job):
     """The hot route's engine has no pre-ping: a dropped pooled connection is retried once."""
