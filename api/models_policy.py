@@ -1,57 +1,18 @@
-"""Which `model.path` a tenant may ask for: builtin:tiny, a folder under an allowed root, or
-(only when the operator allows it) a model hub id. Anything else is a 422 on `model.path`.
-
-Without this, a spec could name any path on the worker (and learn which exist from the error
-messages) or make workers download anything from the hub. Roots come from
-`BRORL_MODEL_ROOTS` (os.pathsep-separated), hub ids need `BRORL_ALLOW_HUB_MODELS=true`; the
-worker also runs hub-offline unless that is set (worker.celery_app).
-"""
+"""`model.path` at submission: a 422 on `model.path` for anything `store.model_policy` refuses
+(the worker checks the same rule again before loading)."""
 
 from __future__ import annotations
 
-import os
-import re
-from pathlib import Path
-
+from store.model_policy import model_path_problem
 from store.settings import Settings
 
 from api.errors import field_error
 
-BUILTIN = "builtin:tiny"
-# owner/name as the hub spells it; no "..", no leading dot or slash.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
 FIELD = "model.path"
-
-
-def _is_local(path: str) -> bool:
-    return path.startswith(("/", "~", ".")) or "\\" in path or ".." in path.split("/")
-
-
-def _under_roots(path: str, roots: list[Path]) -> bool:
-    # realpath: a symlink inside a root that points outside it does not count as inside.
-    target = os.path.realpath(os.path.expanduser(path))
-    for root in roots:
-        real_root = os.path.realpath(root)
-        if os.path.commonpath([target, real_root]) == real_root:
-            return True
-    return False
 
 
 def check_model_path(path: str, settings: Settings) -> None:
     """Raise a 422 naming `model.path` unless this deployment lets tenants use `path`."""
-    if path == BUILTIN:
-        return
-    if _is_local(path):
-        if not path.startswith(("/", "~")):
-            raise field_error(FIELD, "a model folder must be an absolute path")
-        if not _under_roots(path, settings.model_root_paths()):
-            raise field_error(FIELD, "this folder is not under an allowed model root "
-                                     "(the operator sets BRORL_MODEL_ROOTS); or use builtin:tiny")
-        return
-    if not _HUB_ID.match(path):
-        raise field_error(FIELD, f"{path!r} is neither builtin:tiny, an absolute folder "
-                                 f"path nor a model hub id")
-    if not settings.allow_hub_models:
-        raise field_error(FIELD, "model hub ids are disabled on this deployment (the operator "
-                                 "sets BRORL_ALLOW_HUB_MODELS); use a folder under an allowed "
-                                 "model root or builtin:tiny")
+    problem = model_path_problem(path, settings)
+    if problem is not None:
+        raise field_error(FIELD, problem)

@@ -1,6 +1,7 @@
 """Load and slow-client benchmark of the API (issue 9, "Hostile input and load").
 
     python bench/load.py [--clients 100] [--rate 200] [--streams 10] [--attack 32] [--seconds 20]
+                         [--client aiohttp|httpx] [--workers 2]
 
 Starts uvicorn with 2 workers on a fresh PostgreSQL database (127.0.0.1:5432), a job that
 "runs" (a thread plays the worker: claims it and writes one metric row every 0.5 s), then at
@@ -11,8 +12,9 @@ the same time:
 - `--streams` followers of `/metrics/stream`;
 - the slow-client attack of issue 9 item 1: another tenant opens `--attack` uploads that send
   their headers and then stall (4 keys, so the per-key cap alone does not stop them).
-It prints and writes (bench/out/load.json) requests/s answered, p50/p99 latency and every
-non-200 answer of the victims. The load generator shares the machine's cores with the
+It prints and writes (bench/out/load.json) requests/s answered, p50/p99 latency, every
+non-200 answer of the victims, the 1-minute load average before and after, and the CPU ms per
+request spent by the server (uvicorn and its PostgreSQL backends) and by the generator itself. The load generator shares the machine's cores with the
 server, as a real co-located client would not: the figures are an upper bound on latency.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -36,6 +39,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
+import psutil  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432"
@@ -89,7 +93,52 @@ def _stall_upload(port: int, key: str) -> tuple[socket.socket, str]:
     return sock, key
 
 
-async def _dashboard(client: httpx.AsyncClient, job_id: str, key: str, interval: float,
+class _Http:
+    """The load generator's HTTP client: aiohttp (default; far less CPU per request than
+    httpx, which matters when the generator shares the server's 2 cores) or httpx."""
+
+    def __init__(self, kind: str, base: str, connections: int) -> None:
+        self.kind, self.base, self.connections = kind, base, connections
+
+    async def __aenter__(self) -> "_Http":
+        if self.kind == "aiohttp":
+            import aiohttp
+
+            self.client = aiohttp.ClientSession(
+                self.base, connector=aiohttp.TCPConnector(limit=self.connections),
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=30))
+        else:
+            self.client = httpx.AsyncClient(
+                base_url=self.base, timeout=30,
+                limits=httpx.Limits(max_connections=self.connections))
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await (self.client.close() if self.kind == "aiohttp" else self.client.aclose())
+
+    async def get(self, path: str, params: dict, headers: dict) -> tuple[int, str]:
+        """(status, the body's first bytes when it is not a 200); raises on a lost connection."""
+        if self.kind == "aiohttp":
+            async with self.client.get(path, params=params, headers=headers) as resp:
+                body = await resp.read()
+                return resp.status, "" if resp.status == 200 else body[:120].decode(errors="replace")
+        resp = await self.client.get(path, params=params, headers=headers)
+        return resp.status_code, "" if resp.status_code == 200 else resp.text[:120]
+
+    async def lines(self, path: str, headers: dict):
+        """(status, an async iterator over the body's lines) of a streamed GET."""
+        if self.kind == "aiohttp":
+            async with self.client.get(path, headers=headers) as resp:
+                async def it():
+                    async for raw in resp.content:
+                        yield raw.decode(errors="replace")
+                yield resp.status, it()
+            return
+        async with self.client.stream("GET", path, headers=headers) as resp:
+            yield resp.status_code, resp.aiter_lines()
+
+
+async def _dashboard(client: _Http, job_id: str, key: str, interval: float,
                      end: float, lat: list[float], errors: list[str]) -> None:
     headers = {"Authorization": f"Bearer {key}"}
     tasks = []
@@ -97,11 +146,10 @@ async def _dashboard(client: httpx.AsyncClient, job_id: str, key: str, interval:
     async def one() -> None:
         start = time.perf_counter()
         try:
-            resp = await client.get(f"/v1/jobs/{job_id}/metrics", params={"limit": 50},
-                                    headers=headers)
-            if resp.status_code != 200:
-                errors.append(f"{resp.status_code} {resp.text[:120]}")
-        except httpx.HTTPError as exc:
+            status, text = await client.get(f"/v1/jobs/{job_id}/metrics", {"limit": 50}, headers)
+            if status != 200:
+                errors.append(f"{status} {text}")
+        except Exception as exc:  # noqa: BLE001 - any lost request is an error of the victim
             errors.append(f"{type(exc).__name__}: {exc}")
         lat.append(time.perf_counter() - start)
 
@@ -113,27 +161,26 @@ async def _dashboard(client: httpx.AsyncClient, job_id: str, key: str, interval:
     await asyncio.gather(*tasks)
 
 
-async def _follower(client: httpx.AsyncClient, job_id: str, key: str, end: float,
+async def _follower(client: _Http, job_id: str, key: str, end: float,
                     counts: list[int], errors: list[str]) -> None:
     events = 0
     try:
-        async with client.stream("GET", f"/v1/jobs/{job_id}/metrics/stream",
-                                 headers={"Authorization": f"Bearer {key}"}) as resp:
-            if resp.status_code != 200:
-                errors.append(f"stream {resp.status_code}")
+        async for status, lines in client.lines(f"/v1/jobs/{job_id}/metrics/stream",
+                                                {"Authorization": f"Bearer {key}"}):
+            if status != 200:
+                errors.append(f"stream {status}")
                 return
-            async for line in resp.aiter_lines():
+            async for line in lines:
                 events += line.startswith("event: metric")
                 if time.perf_counter() > end:
                     break
-    except httpx.HTTPError as exc:
+    except Exception as exc:  # noqa: BLE001
         errors.append(f"stream {type(exc).__name__}: {exc}")
     counts.append(events)
 
 
 async def _run_load(base: str, job_id: str, victims: list[str], args) -> dict:
-    limits = httpx.Limits(max_connections=args.clients * 4 + args.streams)
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+    async with _Http(args.client, base, args.clients * 4 + args.streams) as client:
         end = time.perf_counter() + args.seconds
         lat: list[float] = []
         errors: list[str] = []
@@ -157,6 +204,41 @@ async def _run_load(base: str, job_id: str, victims: list[str], args) -> dict:
     }
 
 
+def _cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
+    """CPU seconds (user + system) of each process still alive, by pid."""
+    out: dict[int, float] = {}
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+            out[proc.pid] = times.user + times.system
+        except psutil.Error:  # it exited: its share is left out at both ends
+            pass
+    return out
+
+
+def _cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(after[pid] - before[pid] for pid in after if pid in before)
+
+
+def _server_procs(server: subprocess.Popen,
+                  url: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """(uvicorn's processes, the PostgreSQL backends serving this database)."""
+    procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+    backends: list[psutil.Process] = []
+    name = url.rsplit("/", 1)[1]
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        pids = conn.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = :n "
+                                 "AND pid <> pg_backend_pid()"), {"n": name}).scalars().all()
+    admin.dispose()
+    for pid in pids:
+        try:
+            backends.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return procs, backends
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=100)
@@ -165,6 +247,7 @@ def main() -> int:
     ap.add_argument("--attack", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--client", choices=["aiohttp", "httpx"], default="aiohttp")
     args = ap.parse_args()
 
     name = f"brorl_load_{uuid.uuid4().hex[:8]}"
@@ -183,7 +266,8 @@ def main() -> int:
                "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         server = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--port",
-             str(port), "--workers", str(args.workers), "--log-level", "warning"], env=env)
+             str(port), "--workers", str(args.workers), "--log-level", "warning"], env=env,
+            start_new_session=True)  # its own process group: cleanup reaches the workers too
         base = f"http://127.0.0.1:{port}"
         for _ in range(300):
             try:
@@ -194,7 +278,28 @@ def main() -> int:
         writer = threading.Thread(target=_play_worker, args=(url, job_id, stop), daemon=True)
         writer.start()
         attack = [_stall_upload(port, attackers[i % ATTACK_KEYS]) for i in range(args.attack)]
+        # Warm up (pools, prepared statements, the auth cache) so the run measures steady state.
+        for key in victims[:args.clients]:
+            httpx.get(f"{base}/v1/jobs/{job_id}/metrics", params={"limit": 50},
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        me = psutil.Process()
+        load_before = os.getloadavg()[0]
+        api_procs, pg_procs = _server_procs(server, url)
+        cpu0 = [_cpu_seconds(api_procs), _cpu_seconds(pg_procs), _cpu_seconds([me])]
         result = asyncio.run(_run_load(base, job_id, victims, args))
+        api_cpu, pg_cpu, gen_cpu = (_cpu_delta(before, after) for after, before in zip(
+            [_cpu_seconds(api_procs), _cpu_seconds(pg_procs), _cpu_seconds([me])], cpu0))
+        server_cpu = api_cpu + pg_cpu
+        per = 1000 / max(1, result["requests"])
+        result.update(
+            load_avg_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+            client=args.client,
+            # CPU ms per answered dashboard request (streams and the writer included): what
+            # the server side (uvicorn + its PostgreSQL backends) and the generator each cost.
+            server_cpu_ms_per_request=round(server_cpu * per, 2),
+            api_cpu_ms_per_request=round(api_cpu * per, 2),
+            postgres_cpu_ms_per_request=round(pg_cpu * per, 2),
+            generator_cpu_ms_per_request=round(gen_cpu * per, 2))
         refused = 0
         for sock, _ in attack:  # how the stalled uploads ended (429 cap, 408 timeout, or open)
             sock.settimeout(0.01)
@@ -209,8 +314,12 @@ def main() -> int:
     finally:
         stop.set()
         if server is not None:
-            server.terminate()
-            server.wait(15)
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(15)
         from store.db import reset_engine_cache
 
         reset_engine_cache()

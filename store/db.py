@@ -23,6 +23,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 _lock = threading.Lock()
 _engines: dict[str, Engine] = {}
+_read_engines: dict[str, Engine] = {}  # get_read_engine
 _sessionmakers: dict[str, sessionmaker[Session]] = {}
 
 
@@ -47,7 +48,7 @@ def _on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
         cur.close()
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, pre_ping: bool = True, **kwargs: Any) -> Engine:
     """A new engine for `url`, configured for its backend (not cached)."""
     url = normalize_url(url)
     backend = make_url(url).get_backend_name()
@@ -60,7 +61,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         event.listen(engine, "connect", _on_sqlite_connect)
         return engine
     # Postgres connections can be cut by restarts or idle timeouts between requests.
-    return create_engine(url, pool_pre_ping=True, **kwargs)
+    return create_engine(url, pool_pre_ping=pre_ping, **kwargs)
 
 
 def get_engine(url: str | None = None) -> Engine:
@@ -71,6 +72,19 @@ def get_engine(url: str | None = None) -> Engine:
         if engine is None:
             engine = _engines[url] = make_engine(url)
         return engine
+
+
+def get_read_engine(url: str | None = None) -> Engine:
+    """An autocommit engine with a pool of its own for the API's hottest reads: no
+    BEGIN/ROLLBACK and no pre-ping, so a read is one round trip. Without the pre-ping a
+    connection the server dropped fails once: callers retry on `connection_invalidated`."""
+    url = normalize_url(url or get_settings().database_url)
+    with _lock:
+        engine = _read_engines.get(url)
+        if engine is None:
+            engine = _read_engines[url] = make_engine(url, pre_ping=False).execution_options(
+                isolation_level="AUTOCOMMIT")
+    return engine
 
 
 def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
@@ -105,7 +119,8 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
 def reset_engine_cache() -> None:
     """Dispose of every cached engine (tests switch databases between cases)."""
     with _lock:
-        for engine in _engines.values():
+        for engine in [*_engines.values(), *_read_engines.values()]:
             engine.dispose()
         _engines.clear()
+        _read_engines.clear()
         _sessionmakers.clear()

@@ -35,6 +35,7 @@ from store.job_queries import (  # re-exported: store.jobs is the one entry poin
     list_events,
     list_jobs,
     list_metrics,
+    metric_page_raw,
 )
 from store.models import (
     TERMINAL_STATUSES,

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     # recovered.
     lease_seconds: int = 120
     heartbeat_seconds: float = 20
+    # While the database is unreachable the worker keeps up to this many metric/event rows in
+    # memory (written in order once it is back); one more fails the attempt.
+    sink_buffer_rows: int = Field(10_000, ge=1)
     reaper_interval_seconds: float = 30
     # A queued job nobody claimed for this long is enqueued again by the reaper: this recovers
     # an enqueue that failed after the commit (broker down) or a message the broker lost. A

@@ -15,7 +15,8 @@ be tested without a broker. One run, top to bottom:
    this attempt's own folder (`jobs/<id>/attempt-<n>`): attempts never share files.
 4. finish: succeeded (cancelled if a cancel was requested meanwhile), cancelled (stopped by
    a cancel), or failed (an exception, with a `failed` event carrying a user message; the
-   traceback goes to the worker log only, or the wall-clock limit). A fenced run writes
+   traceback goes to the worker log only, or the wall-clock limit), after the sink has
+   written the rows it buffered during a database outage. A fenced run writes
    nothing: the job is no longer ours. A run stopped because the worker is shutting down
    writes nothing either: the lease runs out and the reaper requeues the job.
 """
@@ -30,14 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from sqlalchemy.exc import OperationalError
+
 from store import artifacts, datasets, jobs
 from store.db import session_scope
 from store.errors import Fenced
+from store.model_policy import model_path_problem
 from store.models import Checkpoint
 from store.settings import Settings, get_settings
 from trainer import ckpt_format
 from worker.messages import user_message
-from worker.sink import DbSink
+from worker.sink import DatabaseUnavailable, DbSink, SinkBufferFull
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +191,11 @@ def _finish(job_id: str, attempt: int, status: str, error: str | None = None) ->
     except Fenced:
         log.warning("job %s attempt %s fenced before finishing as %s", job_id, attempt, status)
         return None
+    except OperationalError:
+        # Nothing else to write it with: the lease runs out and the reaper retries the job.
+        log.error("job %s attempt %s: database unreachable, could not record %s (%s)",
+                  job_id, attempt, status, error)
+        return None
 
 
 def run_job(job_id: str, settings: Settings | None = None) -> str | None:
@@ -206,6 +215,12 @@ def run_job(job_id: str, settings: Settings | None = None) -> str | None:
     except Exception as exc:  # noqa: BLE001 - a stored spec that no longer validates
         _finish(job_id, attempt, "failed", f"invalid spec: {user_message(exc)}")
         return "failed"
+    # Checked again here, not only at submission: a spec stored before the operator narrowed
+    # BRORL_MODEL_ROOTS (or written around the API) must not load an arbitrary path.
+    problem = model_path_problem(spec.model.path, settings)
+    if problem is not None:
+        _finish(job_id, attempt, "failed", f"model.path: {problem}")
+        return "failed"
     state = StopState(max_wall_seconds=spec.limits.max_wall_seconds,
                       lease_seconds=settings.lease_seconds, job_id=job_id, attempt=attempt)
     heartbeat = Heartbeat(job_id, attempt, settings, state)
@@ -222,7 +237,7 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         state.fenced = True
 
     sink = DbSink(job_id, attempt, on_fenced=on_fenced, keep_last=spec.checkpoint.keep_last,
-                  retry_seconds=settings.lease_seconds)
+                  retry_seconds=settings.lease_seconds, buffer_rows=settings.sink_buffer_rows)
     try:
         # Per attempt: a stale attempt can neither overwrite nor prune its successor's files.
         out_dir = artifacts.attempt_dir(settings, job_id, attempt)
@@ -231,12 +246,20 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         train = resolve_entrypoint(settings.trainer_entrypoint)
         train(spec, sink, state.should_stop, resume=_resume_dir(job_id),
               out_dir=out_dir, dataset_path=_dataset_path(spec, tenant_id))
+        sink.flush()  # rows buffered during a database outage land before the outcome
     except Fenced:
         state.fenced = True
     except Exception as exc:  # noqa: BLE001 - any trainer error fails the job, not the worker
         if state.fenced:
             return None
         log.exception("job %s failed", job_id)
+        if not isinstance(exc, (SinkBufferFull, DatabaseUnavailable)):
+            try:
+                sink.flush()  # the steps before the error still count
+            except Fenced:
+                return None
+            except DatabaseUnavailable:
+                log.error("job %s: its last metric rows were not written", job_id)
         return _finish(job_id, attempt, "failed", user_message(exc))  # traceback: logged above only
     if state.fenced:
         return None

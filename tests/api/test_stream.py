@@ -45,6 +45,66 @@ def test_metrics_list_pages_by_step(client, auth, database_url, running_job):
     assert client.get(f"/v1/jobs/{job_id}", headers=auth).json()["step"] == 3
 
 
+def test_metrics_page_is_what_the_pydantic_models_write(client, auth, other_auth, database_url,
+                                                       running_job):
+    """The hot route assembles its JSON from the database's JSON text (one query, no
+    re-encoding): it must say exactly what ListPublic[MetricPublic] says."""
+    from api.schemas import ListPublic, MetricPublic
+    from store.models import Job
+
+    job_id, attempt = running_job
+    url = f"/v1/jobs/{job_id}/metrics"
+    assert client.get(url, headers=auth).json() == {"object": "list", "data": [], "has_more": False}
+    _write_steps(database_url, job_id, attempt, [1, 2, 3])
+    with session_scope(database_url) as s:
+        store_jobs.record_metrics(s, job_id, attempt, 4, {"eval/pass@1": 0.25, "nested": {"a": [1, None]},
+                                                         "text": 'quote " and \\ é', "big": 1e300})
+    with session_scope(database_url) as s:
+        tenant_id = s.get(Job, job_id).tenant_id
+        for after, limit in ((None, 2), (1, 10), (4, 5)):
+            rows = store_jobs.list_metrics(s, tenant_id, job_id, after_step=after, limit=limit + 1)
+            want = ListPublic[MetricPublic](data=[MetricPublic.model_validate(m) for m in rows[:limit]],
+                                            has_more=len(rows) > limit).model_dump(mode="json")
+            params = {"limit": limit} | ({} if after is None else {"after_step": after})
+            resp = client.get(url, params=params, headers=auth)
+            assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
+            assert resp.json() == want
+    assert_error(client.get(url, headers=other_auth), 404)  # another tenant's job
+    assert_error(client.get("/v1/jobs/nope/metrics", headers=auth), 404)
+
+
+def test_unchanged_metrics_page_is_a_304(client, auth, database_url, running_job):
+    job_id, attempt = running_job
+    _write_steps(database_url, job_id, attempt, [1])
+    url = f"/v1/jobs/{job_id}/metrics"
+    first = client.get(url, headers=auth)
+    etag = first.headers["ETag"]
+    again = client.get(url, headers={**auth, "If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b"" and again.headers["ETag"] == etag
+    _write_steps(database_url, job_id, attempt, [2])
+    changed = client.get(url, headers={**auth, "If-None-Match": etag})
+    assert changed.status_code == 200 and changed.headers["ETag"] != etag
+    assert [m["step"] for m in changed.json()["data"]] == [1, 2]
+
+
+def test_metrics_page_survives_connections_the_server_dropped(client, auth, database_url,
+                                                             running_job):
+    """The hot route's engine has no pre-ping: a dropped pooled connection is retried once."""
+    from sqlalchemy import text
+
+    if not database_url.startswith("postgresql"):
+        pytest.skip("terminating backends needs PostgreSQL")
+    job_id, attempt = running_job
+    _write_steps(database_url, job_id, attempt, [1])
+    url = f"/v1/jobs/{job_id}/metrics"
+    assert client.get(url, headers=auth).status_code == 200  # a pooled connection now exists
+    with session_scope(database_url) as s:
+        s.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+    resp = client.get(url, headers=auth)
+    assert resp.status_code == 200 and [m["step"] for m in resp.json()["data"]] == [1]
+
+
 def test_events_list_pages_by_id(client, auth, database_url, running_job):
     job_id, attempt = running_job
     _write_steps(database_url, job_id, attempt, [], finish=JobStatus.succeeded)

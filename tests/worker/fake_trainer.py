@@ -6,6 +6,7 @@ sha256) at the last step. It honours `should_stop` before every step and resumes
 step stored in a checkpoint folder. Tests steer it through the job's `name`, because that
 survives the trip through HTTP, the database and a worker subprocess:
 - `sleep=SECONDS`: sleep that long in every step (default 0.05 s), to catch a job mid-run;
+- `steps=N`: train N steps instead of 3;
 - `fail`: raise RuntimeError("fake trainer failure") after the first step;
 - `crash`: kill the whole process (os._exit) after the first step, as an OOM kill would;
 - `ckpt`: save (and record) a checkpoint after every step, not only the last.
@@ -66,7 +67,9 @@ def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = Non
     if start == 0:
         sink.event("stage_started", {"stage": 0, "n": spec.rollout.schedule[0].n})
     checkpoint = None
-    for step in range(start + 1, STEPS + 1):
+    match = re.search(r"steps=([0-9]+)", spec.name)
+    steps = int(match.group(1)) if match else STEPS
+    for step in range(start + 1, steps + 1):
         if should_stop():
             return FakeResult(step - 1, True, checkpoint)
         time.sleep(sleep_s)
@@ -76,9 +79,9 @@ def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = Non
             raise RuntimeError("fake trainer failure")
         if _flag(spec.name, "crash"):
             os._exit(3)
-        if _flag(spec.name, "ckpt") and step < STEPS:
+        if _flag(spec.name, "ckpt") and step < steps:
             checkpoint, nbytes, sha = write_checkpoint(Path(out_dir), step)
             sink.checkpoint(step, checkpoint, nbytes, sha)
-    checkpoint, nbytes, sha = write_checkpoint(Path(out_dir), STEPS)
-    sink.checkpoint(STEPS, checkpoint, nbytes, sha)
-    return FakeResult(STEPS, False, checkpoint)
+    checkpoint, nbytes, sha = write_checkpoint(Path(out_dir), steps)
+    sink.checkpoint(steps, checkpoint, nbytes, sha)
+    return FakeResult(steps, False, checkpoint)

@@ -240,3 +240,52 @@ def test_cancel_stops_builtin_tiny_during_its_warm_start(tenant_id, data_dir, mo
     assert time.monotonic() - cancelled_at < 15
     assert metric_steps(job_id) == []  # stopped before the first step
     assert not list((data_dir / "cache" / "models").glob("tiny-*"))  # the build was abandoned
+
+
+def test_worker_rechecks_model_path_against_allowed_roots(tenant_id, tmp_path, monkeypatch):
+    """A spec stored before the operator narrowed BRORL_MODEL_ROOTS (or never through the API)
+    fails with a message naming model.path, and the trainer never starts (issue 9 item 7)."""
+    from store.settings import reset_settings_cache
+    from tests.worker.conftest import make_spec
+
+    root = tmp_path / "models"
+    (root / "ok").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (root / "escape").symlink_to(tmp_path / "outside")
+    monkeypatch.setenv("BRORL_MODEL_ROOTS", str(root))
+    reset_settings_cache()
+
+    def job_with_model(path: str) -> str:
+        spec = make_spec()
+        spec["model"] = {"path": path}
+        with session_scope() as s:
+            job, _ = jobs.create_job(s, tenant_id, spec, total_steps=3, name="m")
+            return job.id
+
+    cases = {"/etc": "allowed model root", str(root / "escape"): "allowed model root",
+             "Qwen/Qwen2.5-0.5B": "BRORL_ALLOW_HUB_MODELS"}
+    for path, why in cases.items():
+        job_id = job_with_model(path)
+        assert runner.run_job(job_id) == "failed"
+        job = job_row(job_id)
+        assert job.error.startswith("model.path: ") and why in job.error, job.error
+        assert metric_steps(job_id) == []  # the trainer never ran
+        assert events(job_id)[-1][0] == "failed"
+    assert runner.run_job(job_with_model(str(root / "ok"))) == "succeeded"
+    assert runner.run_job(job_with_model("builtin:tiny")) == "succeeded"
+
+
+def test_sink_stores_nan_and_infinity_as_null(new_job):
+    """PostgreSQL's jsonb refuses NaN (the whole write failed); the sink writes null."""
+    import math
+
+    from worker.sink import DbSink
+
+    job_id = new_job()
+    with session_scope() as s:
+        attempt = jobs.claim(s, job_id, "w", lease_seconds=60).attempt
+    sink = DbSink(job_id, attempt)
+    sink.metrics(1, {"loss": math.nan, "grad": [1.0, math.inf], "ok": 0.5})
+    with session_scope() as s:
+        (row,) = s.query(Metric).filter_by(job_id=job_id).all()
+        assert row.values == {"loss": None, "grad": [1.0, None], "ok": 0.5}
