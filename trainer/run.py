@@ -33,9 +33,17 @@ from trainer.tasks.scoring import Scorer
 TINY = "builtin:tiny"
 
 
-def make_optimizer(params, optim_spec, lr: float) -> torch.optim.Optimizer:
-    """AdamW over the float32 master weights; `8bit` keeps its moments in 8 bits (bitsandbytes)."""
+def make_optimizer(params, optim_spec, lr: float,
+                   device_dtype: torch.dtype | None = None) -> torch.optim.Optimizer:
+    """AdamW over the float32 master weights; `8bit` keeps its moments in 8 bits (bitsandbytes);
+    `cpu_offload` keeps masters and moments on the CPU and casts the device weights to
+    `device_dtype` (the compute dtype), as ZeRO-Offload does (`trainer/offload.py`)."""
     o = optim_spec
+    if o.optimizer_state == "cpu_offload":
+        from trainer.offload import CPUOffloadAdamW
+
+        return CPUOffloadAdamW(params, device_dtype=device_dtype, lr=lr, betas=o.betas,
+                               weight_decay=o.weight_decay)
     if o.optimizer_state == "8bit":
         import bitsandbytes as bnb
 
@@ -167,7 +175,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
         # The reference is never trained: it may live in the compute dtype (half the memory).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
     plans = plan(spec)
-    optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr)
+    optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr, device_dtype=cdtype)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
                                     spec_sha256=spec_sha256(spec))
     if resume:
