@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     for k, v in out.items():
         print(f"{k:>20}: {v:.4g}" if isinstance(v, float) else f"{k:>20}: {v}")
     if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(out, indent=2))
     return out
 
