@@ -3,6 +3,7 @@
 
     python bench/gpu_check.py                 # CUDA: ~0.5 B model (Qwen2-0.5B's shape), < 8 min
     python bench/gpu_check.py --size tiny     # the same path on a CPU in seconds (tested)
+    python bench/gpu_check.py --optimizer-state cpu_offload   # masters and moments on the CPU
 
 No download: the model is built locally with random weights (its architecture is what costs
 memory and time; the weights' values do not), the prompts are random tokens. Each step is
@@ -61,15 +62,19 @@ def build_model(size: str, device: torch.device) -> torch.nn.Module:
 
 
 def run(size: str, steps: int, prompts: int, n: int, prompt_len: int, new_tokens: int,
-        mini_batches: int, lr: float, device: torch.device, micro_batch_tokens: int | None = None) -> dict:
+        mini_batches: int, lr: float, device: torch.device, micro_batch_tokens: int | None = None,
+        optimizer_state: str = "fp32") -> dict:
     cdtype = torch.bfloat16
     model = build_model(size, device)
     n_params = sum(p.numel() for p in model.parameters())
     vocab = model.config.vocab_size
     engine = HFEngine(model, vocab - 1, seed=0, compute_dtype=cdtype)  # EOS never sampled in practice
-    opt = make_optimizer(model.parameters(), OptimSpec(lr=lr, weight_decay=0.0), lr)
+    # cpu_offload casts the device weights to bf16 here: the masters it keeps are the fp32 ones.
+    opt = make_optimizer(model.parameters(), OptimSpec(lr=lr, weight_decay=0.0, optimizer_state=optimizer_state),
+                         lr, device_dtype=cdtype)
     cfg = UpdateConfig(is_band=None, kl_coef=0.0, compute_dtype=cdtype)
-    first = [p.detach().clone() for p in model.parameters()]
+    masters = getattr(opt, "masters", None) or list(model.parameters())  # the float32 weights
+    first = [p.detach().clone() for p in masters]
     g = torch.Generator().manual_seed(0)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -102,13 +107,13 @@ def run(size: str, steps: int, prompts: int, n: int, prompt_len: int, new_tokens
         samples += S
         tokens += sum(map(len, gen.token_ids))
         train_tokens += sum(len(p) + len(r) for p, r in zip(ro.prompt_ids, ro.response_ids))
-    moved = sum(int((a != b).sum()) for a, b in zip(first, model.parameters())) / n_params
+    moved = sum(int((a != b).sum()) for a, b in zip(first, masters)) / n_params
     # Update FLOPs: forward + backward of the PPO pass (6 N T) plus the old log-prob forward (2 N T).
     flops = 8 * n_params * train_tokens
     peak = bf16_peak(device)
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "size": size, "params": n_params, "steps": steps, "samples_per_step": prompts * n,
+        "size": size, "optimizer_state": optimizer_state, "params": n_params, "steps": steps, "samples_per_step": prompts * n,
         "params_moved_frac": moved, "loss_finite": all(math.isfinite(x) for x in losses),
         "samples_per_s": samples / (gen_s + train_s), "gen_tokens_per_s": tokens / gen_s,
         "train_tokens_per_s": train_tokens / train_s,
@@ -135,15 +140,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--micro-batch-tokens", type=int, default=None,
                     help="default: 16384 on CUDA, the trainer's auto rule on CPU")
+    ap.add_argument("--optimizer-state", choices=["fp32", "8bit", "cpu_offload"], default="fp32")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     size = a.size or ("0.5b" if device.type == "cuda" else "tiny")
     mbt = a.micro_batch_tokens or (16_384 if device.type == "cuda" else None)
-    out = run(size, a.steps, a.prompts, a.n, a.prompt_len, a.new_tokens, a.mini_batches, a.lr, device, mbt)
+    out = run(size, a.steps, a.prompts, a.n, a.prompt_len, a.new_tokens, a.mini_batches, a.lr, device, mbt,
+              a.optimizer_state)
     for k, v in out.items():
         print(f"{k:>20}: {v:.4g}" if isinstance(v, float) else f"{k:>20}: {v}")
     if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(out, indent=2))
     return out
 

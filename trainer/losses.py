@@ -2,9 +2,9 @@
 
 All tensors are [B, T] over response tokens, right-padded, with a `mask` (float or bool) of
 valid tokens; padded positions may hold anything and are removed by the mask. Functions
-return per-token values; aggregation is `token_mean`, which divides by the number of valid
-tokens of the WHOLE mini-batch (`n_tokens`, passed in) so that micro-batch losses add up
-exactly to the mini-batch loss (PAPER.md: token-level aggregation).
+return per-token values; aggregation is `token_sum`, which the update divides by the number
+of valid tokens of the WHOLE mini-batch (not of the micro-batch) so that micro-batch losses
+add up exactly to the mini-batch loss (PAPER.md: token-level aggregation).
 
 Variants are picked once by name (`KL_ESTIMATORS`), never switched inside the step.
 """
@@ -114,11 +114,6 @@ def ppo_clip_terms(
 def token_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Sum of `x` over valid tokens. Uses where, not multiply, so NaN/inf in padding is inert."""
     return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
-
-
-def token_mean(x: torch.Tensor, mask: torch.Tensor, n_tokens: int | float) -> torch.Tensor:
-    """token_sum / n_tokens, n_tokens counting the WHOLE mini-batch (not this micro-batch)."""
-    return token_sum(x, mask) / max(float(n_tokens), 1.0)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -33,9 +33,17 @@ from trainer.tasks.scoring import Scorer
 TINY = "builtin:tiny"
 
 
-def make_optimizer(params, optim_spec, lr: float) -> torch.optim.Optimizer:
-    """AdamW over the float32 master weights; `8bit` keeps its moments in 8 bits (bitsandbytes)."""
+def make_optimizer(params, optim_spec, lr: float,
+                   device_dtype: torch.dtype | None = None) -> torch.optim.Optimizer:
+    """AdamW over the float32 master weights; `8bit` keeps its moments in 8 bits (bitsandbytes);
+    `cpu_offload` keeps masters and moments on the CPU and casts the device weights to
+    `device_dtype` (the compute dtype), as ZeRO-Offload does (`trainer/offload.py`)."""
     o = optim_spec
+    if o.optimizer_state == "cpu_offload":
+        from trainer.offload import CPUOffloadAdamW
+
+        return CPUOffloadAdamW(params, device_dtype=device_dtype, lr=lr, betas=o.betas,
+                               weight_decay=o.weight_decay)
     if o.optimizer_state == "8bit":
         import bitsandbytes as bnb
 
@@ -90,9 +98,36 @@ def cache_dir() -> Path:
 
 def tiny_model_key(spec: JobSpec) -> str:
     """Cache key of the builtin:tiny model for this spec: its task and seed (and the build's
-    version, bumped whenever the warm start changes so stale cached models are not reused)."""
-    key_src = {"task": spec.task.model_dump(mode="json"), "seed": spec.seed, "v": 2}
+    version, bumped whenever the warm start changes so stale cached models are not reused;
+    v3: the stopping probe moved from the eval split to a validation slice of train)."""
+    key_src = {"task": spec.task.model_dump(mode="json"), "seed": spec.seed, "v": 3}
     return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
+
+
+WARM_PROBE_SIZE = 64
+
+
+def warm_start_probe(task: Task, size: int = WARM_PROBE_SIZE) -> list:
+    """The examples the tiny warm start stops on: distinct training questions, none of them
+    an eval question, in the (seeded) training order.
+
+    Stopping and the in-band restore select a model by this probe's pass rate; probing the
+    eval split made the step-0 eval a selected (biased) figure. The SFT still fits every
+    training pair: the probe only decides how far it goes, as the RL trains on them all too.
+    """
+    eval_questions = {ex.question for ex in task.eval}
+    probe, seen = [], set()
+    for ex in task.train:
+        if ex.question not in eval_questions and ex.question not in seen:
+            seen.add(ex.question)
+            probe.append(ex)
+            if len(probe) == size:
+                break
+    if not probe:
+        raise ValueError(f"task {task.name}: every training question is also an eval question, "
+                         "so builtin:tiny's warm start has nothing to stop on; raise train_size "
+                         "or set eval_disjoint")
+    return probe
 
 
 def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Callable[[], None]) -> Path:
@@ -102,7 +137,7 @@ def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Calla
     key = tiny_model_key(spec)
     template = spec.task.prompt_template
     pairs = [(render_prompt(ex.question, template), target_completion(ex.answer)) for ex in task.train]
-    probe = task.eval[:64]
+    probe = warm_start_probe(task)
     probe_prompts = [render_prompt(ex.question, template) for ex in probe]
     by_prompt = dict(zip(probe_prompts, probe))
 
@@ -111,7 +146,7 @@ def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Calla
         return scorer.score(completions, exs, [False] * len(exs)).correct
 
     return ensure_tiny_model(cache_dir() / "models", key, seed=spec.seed, sft_pairs=pairs,
-                             score_fn=score_fn, eval_prompts=probe_prompts, stop_check=stop_check)
+                             score_fn=score_fn, probe_prompts=probe_prompts, stop_check=stop_check)
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -140,7 +175,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
         # The reference is never trained: it may live in the compute dtype (half the memory).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
     plans = plan(spec)
-    optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr)
+    optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr, device_dtype=cdtype)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
                                     spec_sha256=spec_sha256(spec))
     if resume:

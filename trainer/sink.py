@@ -2,12 +2,11 @@
 
 A sink gets one `metrics(step, values)` call per step and `event(type, data)` calls at stage
 boundaries, evaluations and checkpoints. The worker supplies a database sink; the CLI a
-stdout/JSONL one; tests a list.
+JSONL one; tests a list.
 """
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,12 +15,6 @@ class MetricsSink(Protocol):
     def metrics(self, step: int, values: dict[str, Any]) -> None: ...
     def event(self, type: str, data: dict[str, Any]) -> None: ...
     def checkpoint(self, step: int, path: Path, nbytes: int, sha256: str) -> None: ...
-
-
-class NullSink:
-    def metrics(self, step, values): pass
-    def event(self, type, data): pass
-    def checkpoint(self, step, path, nbytes, sha256): pass
 
 
 class ListSink:
@@ -59,8 +52,3 @@ class JsonlSink:
     def checkpoint(self, step, path, nbytes, sha256):
         self.event("checkpoint_saved", {"step": step, "path": str(path), "bytes": nbytes, "sha256": sha256})
 
-
-class StdoutSink(JsonlSink):
-    def __init__(self) -> None:
-        self._metrics = sys.stdout
-        self._events = sys.stdout

@@ -60,7 +60,8 @@ class ModelSpec(_Frozen):
                       description="HF model folder, HF hub id, or builtin:tiny (built on the worker).")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype (auto = bf16 on CUDA, float32 on CPU); trainable "
-                            "weights and optimizer state are float32 either way.")
+                            "weights and optimizer state are float32 either way (on the CPU "
+                            "with optim.optimizer_state cpu_offload).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward.")
 
 
@@ -205,8 +206,10 @@ class OptimSpec(_Frozen):
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     weight_decay: float = Field(0.01, ge=0, le=10)
     grad_clip: float | None = Field(1.0, gt=0, le=1e6, description="Max global grad norm; null = off.")
-    optimizer_state: Literal["fp32", "8bit"] = Field(
-        "fp32", description="AdamW state: fp32 (8 bytes/param) or 8bit (bitsandbytes, 2 bytes/param).")
+    optimizer_state: Literal["fp32", "8bit", "cpu_offload"] = Field(
+        "fp32", description="AdamW state: fp32 (8 bytes/param) or 8bit (bitsandbytes, 2 bytes/param) "
+                            "on the device, or cpu_offload (float32 masters and moments on the CPU, "
+                            "weights in the compute dtype on the device, as ZeRO-Offload).")
     max_nonfinite_steps: int = Field(
         3, ge=1, le=1000, description="Updates in a row with a non-finite loss or gradient before the job fails.")
 

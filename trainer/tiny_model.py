@@ -4,7 +4,8 @@ Nothing can be fetched from a model hub on the workers, yet demos and tests need
 already gets *some* answers right (RL learns nothing from all-wrong groups). So the model is
 built here from a config, deterministically from the seed, and warm-started with a short
 supervised pass on the job's own training examples until its sampled pass@1 (temperature 1)
-on held-out prompts lands in a target band. The result is saved as an ordinary HF folder
+on probe prompts (training questions that are not eval questions: `trainer.run.warm_start_probe`)
+lands in a target band. The result is saved as an ordinary HF folder
 (config, safetensors, tokenizer, generation config) that transformers and vLLM load unchanged,
 and cached by a key the caller derives from (task, config, seed).
 
@@ -204,7 +205,7 @@ _INV_VOCAB = {i: t for t, i in VOCAB.items()}
 
 
 def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: ScoreFn,
-               eval_prompts: list[str], target=(0.05, 0.60), aim: float = 0.45,
+               probe_prompts: list[str], target=(0.05, 0.60), aim: float = 0.45,
                max_steps: int = 1200, max_sft_seconds: float | None = None, eval_every: int = 25,
                batch_size: int = 64, lr: float = 2e-3,
                stop_check: Callable[[], None] | None = None) -> dict:
@@ -245,7 +246,7 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
         step += 1
         if step % eval_every:
             continue
-        rate = sampled_pass_rate(model, eval_prompts, score_fn, seed=seed + step,
+        rate = sampled_pass_rate(model, probe_prompts, score_fn, seed=seed + step,
                                  max_new_tokens=max_new)
         history.append((step, round(loss.item(), 4), rate))
         log.info("tiny warm start: step %d loss %.3f pass@1 %.3f", step, loss.item(), rate)
@@ -268,7 +269,7 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
 
 
 def build_tiny_model(out_dir: Path, *, seed: int, sft_pairs: list[tuple[str, str]],
-                     score_fn: ScoreFn, eval_prompts: list[str], target=(0.05, 0.60),
+                     score_fn: ScoreFn, probe_prompts: list[str], target=(0.05, 0.60),
                      aim: float = 0.45, max_sft_steps: int = 1200,
                      max_sft_seconds: float | None = None, size: str = "tiny",
                      stop_check: Callable[[], None] | None = None) -> Path:
@@ -284,7 +285,7 @@ def build_tiny_model(out_dir: Path, *, seed: int, sft_pairs: list[tuple[str, str
     report = None
     if sft_pairs:
         report = warm_start(model, seed=seed, sft_pairs=sft_pairs, score_fn=score_fn,
-                            eval_prompts=eval_prompts, target=target, aim=aim,
+                            probe_prompts=probe_prompts, target=target, aim=aim,
                             max_sft_seconds=max_sft_seconds, max_steps=max_sft_steps,
                             stop_check=stop_check)
     save_folder(model, tokenizer, out_dir)

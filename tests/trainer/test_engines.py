@@ -219,3 +219,12 @@ def test_unsupported_vllm_version_fails_with_a_clear_message():
     check_vllm_version("0.32.0")
     with pytest.raises(RuntimeError, match="weight sync uses vLLM internals"):
         check_vllm_version("0.33.1")
+
+
+def test_vllm_concurrency_and_kv_cache_are_sized_from_the_step(tiny):
+    from trainer.engines.vllm_engine import MAX_NUM_SEQS_CAP, kv_cache_bytes, size_max_num_seqs
+
+    assert [size_max_num_seqs(s) for s in (0, 64, 512)] == [1, 64, 512]
+    assert size_max_num_seqs(64 * 512) == MAX_NUM_SEQS_CAP  # vLLM queues the rest
+    small, large = (kv_cache_bytes(tiny[1], "float32", 256, s) for s in (8, 64))
+    assert large > small  # the cache grows with the concurrency it must hold at full length

@@ -6,12 +6,17 @@ import torch
 
 from trainer.losses import (
     KL_ESTIMATORS, entropy_from_logits, is_weights, kl_k1, kl_k2, kl_k3, ppo_clip_terms,
-    token_mean, token_sum,
+    token_sum,
 )
 
 PI = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05], dtype=torch.float64)
 REF = torch.tensor([0.3, 0.3, 0.2, 0.1, 0.1], dtype=torch.float64)
 KL_TRUE = float((PI * (PI / REF).log()).sum())
+
+
+def _token_mean(x, mask, n_tokens):
+    """The update's aggregation (trainer/update.py): token_sum over the mini-batch's tokens."""
+    return token_sum(x, mask) / max(n_tokens, 1)
 
 
 @pytest.mark.parametrize("fn", [kl_k1, kl_k3])
@@ -96,24 +101,24 @@ def test_token_level_normalisation_with_padding_and_micro_batches():
     mask = torch.arange(6).unsqueeze(0) < lengths.unsqueeze(1)
     x_padded = torch.where(mask, x, torch.tensor(float("nan")))  # padding must be inert
     n = int(mask.sum())
-    full = token_mean(x_padded, mask, n)
+    full = _token_mean(x_padded, mask, n)
     assert float(full) == pytest.approx(float(x[mask].sum()) / n, rel=1e-6)
     # Token level, not sample level: a long sample weighs more than a short one.
     assert float(full) != pytest.approx(float(torch.stack([x[i, :l].mean() for i, l in enumerate(lengths)]).mean()))
     # Two micro-batches (different padded widths) add up to the full loss.
-    a = token_mean(x_padded[:2], mask[:2], n)
-    b = token_mean(x_padded[2:, :4], mask[2:, :4], n)
+    a = _token_mean(x_padded[:2], mask[:2], n)
+    b = _token_mean(x_padded[2:, :4], mask[2:, :4], n)
     assert float(a + b) == pytest.approx(float(full), rel=1e-6)
 
 
 def test_token_mean_gradients_add_up():
     x = torch.randn(3, 5, requires_grad=True)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.float)
-    token_mean(x ** 2, mask, 8).backward()
+    _token_mean(x ** 2, mask, 8).backward()
     full = x.grad.clone()
     x.grad = None
-    token_mean(x[:1] ** 2, mask[:1], 8).backward()
-    token_mean(x[1:] ** 2, mask[1:], 8).backward()
+    _token_mean(x[:1] ** 2, mask[:1], 8).backward()
+    _token_mean(x[1:] ** 2, mask[1:], 8).backward()
     torch.testing.assert_close(x.grad, full)
     assert (full[mask == 0] == 0).all()
 

@@ -22,7 +22,7 @@ def digest(folder) -> str:
 
 def small_build(folder, seed):
     return build_tiny_model(folder, seed=seed, sft_pairs=PAIRS, score_fn=never,
-                            eval_prompts=[p for p, _ in PAIRS[:4]], max_sft_steps=3)
+                            probe_prompts=[p for p, _ in PAIRS[:4]], max_sft_steps=3)
 
 
 def test_build_is_deterministic_from_seed(tmp_path):
@@ -59,7 +59,7 @@ def test_folder_loads_in_transformers(tmp_path):
 
 def test_ensure_caches_by_key(tmp_path, monkeypatch):
     first = ensure_tiny_model(tmp_path, "k1", seed=0, sft_pairs=PAIRS, score_fn=never,
-                              eval_prompts=[PAIRS[0][0]], max_sft_steps=2)
+                              probe_prompts=[PAIRS[0][0]], max_sft_steps=2)
     monkeypatch.setattr(tiny_model, "build_tiny_model", lambda *a, **k: pytest.fail("rebuilt"))
     assert ensure_tiny_model(tmp_path, "k1") == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-k1"]  # no temp folder left
@@ -101,7 +101,7 @@ def scripted(rates: list[float]):
 def warm(model, score_fn, **kw):
     prompts = [p for p, _ in PAIRS[:10]]
     return tiny_model.warm_start(model, seed=0, sft_pairs=PAIRS, score_fn=score_fn,
-                                 eval_prompts=prompts, eval_every=1, batch_size=4, **kw)
+                                 probe_prompts=prompts, eval_every=1, batch_size=4, **kw)
 
 
 def test_warm_start_stops_once_the_aim_is_reached():
@@ -149,3 +149,59 @@ def test_warm_start_reaches_the_stop_check():
     with pytest.raises(StopRequested):
         warm(model, scripted([0.0] * 50), aim=0.99, max_steps=50, stop_check=stop_check(should_stop))
     assert len(polls) == 3  # stopped at the third SFT step, not after 50
+
+
+# --------------------------------------------------------------------------- no eval leak
+
+
+def _warm_start_inputs(spec_task: dict, monkeypatch, tmp_path) -> tuple[dict, object]:
+    """The keyword arguments `build_run` hands the tiny warm start for a spec with `spec_task`."""
+    from trainer import run
+    from trainer.spec import JobSpec
+    from trainer.tasks import build_task
+    from trainer.stop import never as no_stop
+
+    spec = JobSpec.model_validate({"name": "probe", "task": spec_task})
+    task = build_task(spec.task, spec.seed, None)
+    seen: dict = {}
+    monkeypatch.setattr(tiny_model, "ensure_tiny_model", lambda cache, key, **kw: seen.update(kw) or tmp_path)
+    monkeypatch.setenv("BRORL_CACHE_DIR", str(tmp_path))
+    run._tiny_model_dir(spec, task, scorer=None, stop_check=no_stop)
+    return seen, task
+
+
+def test_warm_start_never_stops_on_eval_questions(monkeypatch, tmp_path):
+    # The demo's closed space (200 questions, eval sampled from it too): the probe that stops
+    # and selects the warm start must still hold no eval question.
+    from trainer.tasks.prompts import render_prompt
+
+    demo = {"reasoning_gym": {"name": "chain_sum", "train_size": 2000, "eval_size": 64,
+                              "eval_disjoint": False,
+                              "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}}
+    seen, task = _warm_start_inputs(demo, monkeypatch, tmp_path)
+    eval_prompts = {render_prompt(ex.question, None) for ex in task.eval}
+    train_prompts = {render_prompt(ex.question, None) for ex in task.train}
+    probe = seen["probe_prompts"]
+    assert len(probe) == len(set(probe)) == 64
+    assert not set(probe) & eval_prompts and set(probe) <= train_prompts
+
+
+def test_warm_start_of_a_disjoint_task_sees_no_eval_question_at_all(monkeypatch, tmp_path):
+    from trainer.tasks.prompts import render_prompt
+
+    disjoint = {"reasoning_gym": {"name": "chain_sum", "train_size": 300, "eval_size": 50,
+                                  "config": {"min_terms": 2, "max_terms": 2, "max_digits": 2}}}
+    seen, task = _warm_start_inputs(disjoint, monkeypatch, tmp_path)
+    eval_prompts = {render_prompt(ex.question, None) for ex in task.eval}
+    used = set(seen["probe_prompts"]) | {p for p, _ in seen["sft_pairs"]}
+    assert len(used) > 64 and not used & eval_prompts
+
+
+def test_warm_start_probe_refuses_a_task_with_only_eval_questions():
+    from trainer.run import warm_start_probe
+    from trainer.tasks.base import Example, Task, VerifierSpec
+
+    same = [Example("1 + 1", "2")]
+    task = Task(name="t", train=same, eval=same, verifier_spec=VerifierSpec.of("exact"))
+    with pytest.raises(ValueError, match="every training question is also an eval question"):
+        warm_start_probe(task)
