@@ -60,3 +60,68 @@ def lr_at(plans: list[StagePlan], step: int, warmup_steps: int) -> float:
     if warmup_steps and step < warmup_steps:
         lr *= (step + 1) / warmup_steps
     return lr
+
+
+# ------------------------------------------------------------------ broaden on a plateau
+
+
+@dataclass
+class Plateau:
+    """`rollout.broaden`'s memory of the metric: the best value and evaluations since it rose."""
+
+    best: float | None = None
+    since: int = 0
+
+    def observe(self, value: float, min_delta: float) -> None:
+        if self.best is None or value >= self.best + min_delta:
+            self.best, self.since = value, 0
+        else:
+            self.since += 1
+
+
+def broadened_stage(spec: JobSpec, prev: StagePlan, first_step: int) -> StagePlan | None:
+    """The stage after `prev` under `rollout.broaden`, starting at 0-based `first_step` and running
+    to the end of the job; None when n is at `max_n` already or no step is left."""
+    b, first = spec.rollout.broaden, spec.rollout.schedule[0]
+    if b is None or prev.n >= b.max_n or first_step >= spec.total_steps:
+        return None
+    n = min(prev.n * b.factor, b.max_n)
+    prompts = first.prompts_per_step
+    if b.prompts == "keep_samples":
+        prompts = max(min(b.min_prompts, first.prompts_per_step), math.ceil(first.samples_per_step / n))
+    lr = scaled_lr(spec.optim.lr, n * prompts, first.samples_per_step, spec.optim.lr_scaling)
+    return StagePlan(prev.index + 1, n, prompts, n * prompts, lr, spec.total_steps - first_step, first_step)
+
+
+def broaden(spec: JobSpec, plans: list[StagePlan], first_step: int) -> list[StagePlan] | None:
+    """`plans` with the running stage cut at `first_step` and a broadened one from there; None
+    when it cannot broaden (see `broadened_stage`)."""
+    if first_step <= 0:
+        return None
+    prev = stage_for_step(plans, first_step - 1)
+    nxt = broadened_stage(spec, prev, first_step)
+    if nxt is None:
+        return None
+    cut = [p for p in plans if p.first_step < first_step]
+    last = cut[-1]
+    cut[-1] = StagePlan(last.index, last.n, last.prompts_per_step, last.samples_per_step, last.lr,
+                        first_step - last.first_step, last.first_step)
+    return cut + [nxt]
+
+
+def replan(spec: JobSpec, broaden_starts: list[int]) -> list[StagePlan]:
+    """The stage table after broadening at each of `broaden_starts` (a resumed run's)."""
+    plans = plan(spec)
+    for start in broaden_starts:
+        plans = broaden(spec, plans, start) or plans
+    return plans
+
+
+def widest_samples(spec: JobSpec) -> int:
+    """The most samples per step any stage can ask for (the engine's batch size)."""
+    widest = max(p.samples_per_step for p in plan(spec))
+    plans = plan(spec)
+    while (nxt := broaden(spec, plans, plans[-1].first_step + 1)) is not None:
+        plans = nxt
+        widest = max(widest, plans[-1].samples_per_step)
+    return widest
