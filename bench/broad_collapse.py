@@ -9,8 +9,8 @@ runs once (`narrow`, checkpoint at its end); every variant then continues from t
     repro     N = 128 x 4, lr 1.41e-4           (the issue's broad stage: sqrt(512/256))
     lr_flat   N = 128 x 4, lr 1e-4              (no lr growth)
     one_mb    N = 128 x 4, lr 1.41e-4, 1 mini-batch
-    prompts   N = 128 x 16, lr by prompts (1e-4) (as many prompts per step as the narrow stage)
-    fixed     N = 128 x 4 under the fixed defaults (what plan() now gives: see README)
+    p16       N = 32 x 16, lr 1.41e-4           (same samples and lr as repro, 4x the prompts)
+    lr_half   N = 128 x 4, lr 5e-5
 
     .venv/bin/python bench/broad_collapse.py [--variants a,b] [--seeds 0,1] [--steps 20]
 
@@ -33,7 +33,7 @@ VARIANTS = {
     "repro": ({"n": 128, "prompts_per_step": 4}, {"lr": 1.41421356e-4}, {}),
     "lr_flat": ({"n": 128, "prompts_per_step": 4}, {"lr": 1e-4}, {}),
     "one_mb": ({"n": 128, "prompts_per_step": 4}, {"lr": 1.41421356e-4}, {"mini_batches": 1}),
-    "prompts": ({"n": 128, "prompts_per_step": 16}, {"lr": 1e-4}, {}),
+    "p16": ({"n": 32, "prompts_per_step": 16}, {"lr": 1.41421356e-4}, {}),
     "lr_half": ({"n": 128, "prompts_per_step": 4}, {"lr": 5e-5}, {}),
 }
 
@@ -51,7 +51,7 @@ def base_over(seed: int) -> dict:
 
 
 def narrow(args) -> str:
-    ck = args.out / "narrow"
+    ck = args.narrow_dir or args.out / "narrow"
     found = sorted((ck / "checkpoints").glob("step-*")) if ck.exists() else []
     if found:
         return str(found[-1].resolve())
@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", type=Path, default=OUT / "broad_collapse")
+    ap.add_argument("--narrow-dir", type=Path, default=None, help="reuse this narrow run (default OUT/narrow)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt = narrow(args)

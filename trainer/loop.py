@@ -17,7 +17,7 @@ from trainer import checkpoint
 from trainer.run import RESUMED_COUNTERS, Run, build_run
 from trainer.data import mix_seed
 from trainer.evaluate import EvalContext, evaluate
-from trainer.schedule import broaden, stage_for_step
+from trainer.schedule import broaden, stage_for_step, stage_warning
 from trainer.sink import MetricsSink
 from trainer.spec import JobSpec
 from trainer.step import run_step
@@ -140,6 +140,9 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
             plan = stage_for_step(run.plans, done)  # the schedule counts steps from 0
             if done == plan.first_step or done == start:
                 sink.event("stage_started", {"step": step, **dataclasses.asdict(plan)})
+                if done == plan.first_step and (warning := stage_warning(run.plans, plan)):
+                    sink.event("warning", {"step": step, "message": warning})
+                    log.warning(warning)
             run.state.stage = plan.index
             values = run_step(run, plan, done)
             if _due(spec.eval.every, step) or step == total:

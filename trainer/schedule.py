@@ -46,6 +46,25 @@ def plan(spec: JobSpec) -> list[StagePlan]:
     return out
 
 
+FEW_PROMPTS = 16  # below this many prompts per step a broad stage lost pass@1 here (section 6)
+
+
+def stage_warning(plans: list[StagePlan], p: StagePlan) -> str | None:
+    """A warning when stage `p` updates on few prompts per step, and fewer than the first stage.
+
+    Broad stages that kept samples per step by cutting prompts (16 -> 4) lost the narrow
+    stage's held-out pass@1 while the same samples over 16 prompts held it (docs/results.md,
+    section 6): an update's information comes mostly from the number of distinct prompts.
+    """
+    first = plans[0]
+    if p.prompts_per_step >= FEW_PROMPTS or p.prompts_per_step * 2 > first.prompts_per_step:
+        return None
+    return (f"stage {p.index} updates on {p.prompts_per_step} prompts per step, "
+            f"{first.prompts_per_step / p.prompts_per_step:.3g}x fewer than stage 0 "
+            f"({first.prompts_per_step}): few prompts per update can undo what earlier stages "
+            f"learned; keep prompts_per_step and let samples per step grow with n")
+
+
 def stage_for_step(plans: list[StagePlan], step: int) -> StagePlan:
     """The stage that runs 0-based global `step`."""
     for p in plans:

@@ -39,3 +39,19 @@ def test_stage_lookup_and_warmup():
         stage_for_step(p, 5)
     assert lr_at(p, 0, 2) == pytest.approx(0.5e-6) and lr_at(p, 1, 2) == pytest.approx(1e-6)
     assert lr_at(p, 4, 2) == pytest.approx(1e-6 * math.sqrt(8))
+
+
+def test_stage_warning_flags_few_prompts_per_update():
+    from trainer.schedule import stage_warning
+
+    def plans(p0, p1):
+        return plan(JobSpec.model_validate({
+            "name": "t", "task": RG, "rollout": {"schedule": [{"n": 16, "prompts_per_step": p0, "steps": 1},
+                                                              {"n": 128, "prompts_per_step": p1, "steps": 1}]}}))
+    issue = plans(16, 4)  # the issue's demo-shaped spec
+    assert stage_warning(issue, issue[0]) is None
+    assert "4 prompts per step, 4x fewer than stage 0" in stage_warning(issue, issue[1])
+    kept = plans(16, 16)
+    assert stage_warning(kept, kept[1]) is None  # prompts kept
+    paper = plans(512, 128)  # the paper's 512 -> 128: still many prompts per update
+    assert stage_warning(paper, paper[1]) is None
