@@ -1,7 +1,8 @@
 """The broadening schedule: stages of (n, prompts_per_step, steps) and the LR rule.
 
 Each stage's learning rate is `optim.lr * f(B / B0)` where B = prompts x n is the stage's
-samples per step and B0 the first stage's (PAPER.md: square-root scaling, eta0*sqrt(B/B0)).
+samples per step and B0 the first stage's (PAPER.md: square-root scaling, eta0*sqrt(B/B0)); by
+default (`optim.lr_batch: prompts_capped`) B/B0 is capped at the growth of prompts per step.
 Pure Python: `brorl schedule` and the API use it without torch.
 """
 from __future__ import annotations
@@ -18,9 +19,26 @@ LR_RULES = {
 }
 
 
-def scaled_lr(base_lr: float, samples: int, base_samples: int, rule: str) -> float:
-    """lr for a batch of `samples` given `base_lr` at `base_samples` under `rule`."""
-    return base_lr * LR_RULES[rule](samples / base_samples)
+def scaled_lr(base_lr: float, samples: int, base_samples: int, rule: str,
+              prompts: int | None = None, base_prompts: int | None = None) -> float:
+    """lr for a batch of `samples` given `base_lr` at `base_samples` under `rule`.
+
+    With `prompts` and `base_prompts` (optim.lr_batch: prompts_capped) the samples ratio is capped
+    at the prompts ratio (floored at 1): more samples of the same few prompts are not more
+    independent information, and a larger lr on fewer prompts undid earlier learning.
+    """
+    ratio = samples / base_samples
+    if prompts is not None and base_prompts is not None:
+        ratio = min(ratio, max(prompts / base_prompts, 1.0))
+    return base_lr * LR_RULES[rule](ratio)
+
+
+def stage_lr(spec: JobSpec, samples: int, prompts: int) -> float:
+    """A stage's lr under the spec's rule (optim.lr_scaling, optim.lr_batch) against stage 0."""
+    first, o = spec.rollout.schedule[0], spec.optim
+    capped = o.lr_batch == "prompts_capped"
+    return scaled_lr(o.lr, samples, first.samples_per_step, o.lr_scaling,
+                     prompts if capped else None, first.prompts_per_step if capped else None)
 
 
 @dataclass(frozen=True)
@@ -37,10 +55,9 @@ class StagePlan:
 def plan(spec: JobSpec) -> list[StagePlan]:
     """The stage table: what each stage runs and at which learning rate."""
     stages = spec.rollout.schedule
-    base = stages[0].samples_per_step
     out, first = [], 0
     for i, s in enumerate(stages):
-        lr = scaled_lr(spec.optim.lr, s.samples_per_step, base, spec.optim.lr_scaling)
+        lr = stage_lr(spec, s.samples_per_step, s.prompts_per_step)
         out.append(StagePlan(i, s.n, s.prompts_per_step, s.samples_per_step, lr, s.steps, first))
         first += s.steps
     return out
@@ -108,7 +125,7 @@ def broadened_stage(spec: JobSpec, prev: StagePlan, first_step: int) -> StagePla
     prompts = first.prompts_per_step
     if b.prompts == "keep_samples":
         prompts = max(min(b.min_prompts, first.prompts_per_step), math.ceil(first.samples_per_step / n))
-    lr = scaled_lr(spec.optim.lr, n * prompts, first.samples_per_step, spec.optim.lr_scaling)
+    lr = stage_lr(spec, n * prompts, prompts)
     return StagePlan(prev.index + 1, n, prompts, n * prompts, lr, spec.total_steps - first_step, first_step)
 
 

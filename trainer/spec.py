@@ -223,6 +223,11 @@ class RolloutSpec(_Frozen):
 class OptimSpec(_Frozen):
     lr: float = Field(1e-6, gt=0, le=0.01, description="LR at the first stage's batch B0 = prompts x n.")
     lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+    lr_batch: Literal["prompts_capped", "samples"] = Field(
+        "prompts_capped", description="What lr_scaling's batch ratio counts. samples: B = prompts x n "
+        "(the paper). prompts_capped (default): the samples ratio, capped at the growth of prompts per "
+        "step, so a stage with no more prompts than the first never gets a larger lr (a broad stage "
+        "of 4 prompts at lr x sqrt(2) lost pass@1 where lr x 1 gained: docs/results.md, section 6).")
     warmup_steps: int = Field(0, ge=0, le=MAX_TOTAL_STEPS)
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     weight_decay: float = Field(0.01, ge=0, le=10)

@@ -12,13 +12,13 @@ from trainer.spec import JobSpec
 RG = {"reasoning_gym": {"name": "chain_sum"}}
 
 
-def spec(steps=100, every=5, **broaden_over):
+def spec(steps=100, every=5, lr_batch="prompts_capped", **broaden_over):
     return JobSpec.model_validate({
         "name": "t", "task": RG, "eval": {"every": every},
         "rollout": {"schedule": [{"n": 16, "prompts_per_step": 32, "steps": steps}],
                     "broaden": {"patience": 2, "min_delta": 0.01, "factor": 4, "max_n": 512,
                                 **broaden_over}},
-        "optim": {"lr": 1e-4}})
+        "optim": {"lr": 1e-4, "lr_batch": lr_batch}})
 
 
 class Events:
@@ -66,10 +66,12 @@ def test_broadens_up_to_max_n_then_stops():
 
 
 def test_keep_prompts_grows_samples_and_lr_by_the_rule():
-    run, _ = drive(spec(), [0.5, 0.5, 0.5])
+    run, _ = drive(spec(lr_batch="samples"), [0.5, 0.5, 0.5])
     first, broad = run.plans
     assert broad.prompts_per_step == 32 and broad.samples_per_step == 64 * 32
-    assert broad.lr == pytest.approx(first.lr * math.sqrt(4))  # optim.lr_scaling sqrt
+    assert broad.lr == pytest.approx(first.lr * math.sqrt(4))  # optim.lr_scaling sqrt on samples
+    run, _ = drive(spec(), [0.5, 0.5, 0.5])
+    assert run.plans[1].lr == pytest.approx(first.lr)  # the default cap: no more prompts, same lr
 
 
 def test_keep_samples_divides_prompts_but_not_below_min_prompts():

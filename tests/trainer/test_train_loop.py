@@ -126,7 +126,7 @@ def test_broaden_on_plateau_switches_stage_and_survives_resume(tmp_path):
                               "schedule": [{"n": 4, "prompts_per_step": 2, "steps": 3}],
                               "broaden": {"patience": 1, "min_delta": 1.0, "factor": 2, "max_n": 8}},
                      eval={"every": 1, "samples_per_prompt": 2, "k": [1, 2]},
-                     checkpoint={"every": 1, "keep_last": 2})
+                     checkpoint={"every": 1, "keep_last": 2}, optim={"lr": 1e-4, "lr_batch": "samples"})
     first, r1 = run(spec, tmp_path / "a", stop_after=2)
     assert r1.steps_completed == 2
     second, r2 = run(spec, tmp_path / "a", resume=latest(tmp_path / "a"))
