@@ -28,7 +28,7 @@ def _load(spec_path: Path):
 
 def schedule(spec_path: Path = typer.Argument(..., help="Job spec (YAML or JSON).")) -> None:
     """Print the stage table (n, prompts, samples per step, lr, steps) without running anything."""
-    from trainer.schedule import plan
+    from trainer.schedule import plan, stage_warning
 
     spec = _load(spec_path)
     table = Table(title=f"{spec.name}: {spec.total_steps} steps, lr rule {spec.optim.lr_scaling}")
@@ -38,6 +38,10 @@ def schedule(spec_path: Path = typer.Argument(..., help="Job spec (YAML or JSON)
         table.add_row(str(p.index), str(p.n), str(p.prompts_per_step), str(p.samples_per_step),
                       f"{p.lr:.4g}", str(p.steps), str(p.first_step + 1))
     console.print(table)
+    plans = plan(spec)
+    for p in plans:
+        if warning := stage_warning(plans, p):
+            console.print(f"[yellow]warning: {warning}[/yellow]")
 
 
 def train(

@@ -136,6 +136,7 @@ class EventType(StrEnum):
     failed = "failed"
     succeeded = "succeeded"
     warning = "warning"      # the trainer says a job cannot learn (see trainer.loop.stall_reason)
+    broadened = "broadened"  # rollout.broaden started a wider stage on a plateau (trainer.loop)
 
 
 def _str_enum(cls: type[StrEnum]) -> Enum:

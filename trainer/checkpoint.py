@@ -19,7 +19,7 @@ import json
 import random
 import shutil
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,10 @@ class TrainerState:
     keep_rounds_seen: int = 0
     nonfinite_in_row: int = 0
     stalled_steps: int = 0
+    # rollout.broaden: 0-based first steps of the broadened stages, and the plateau rule's memory.
+    broaden_starts: list[int] = field(default_factory=list)
+    plateau_best: float | None = None
+    plateau_since: int = 0
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from trainer import checkpoint
 from trainer.run import RESUMED_COUNTERS, Run, build_run
 from trainer.data import mix_seed
 from trainer.evaluate import EvalContext, evaluate
-from trainer.schedule import stage_for_step
+from trainer.schedule import broaden, stage_for_step, stage_warning
 from trainer.sink import MetricsSink
 from trainer.spec import JobSpec
 from trainer.step import run_step
@@ -51,6 +51,7 @@ def _checkpoint(run: Run, sink: MetricsSink, step: int) -> Path:
     run.state.data_cursor = run.stream.cursor
     for name in RESUMED_COUNTERS:
         setattr(run.state, name, getattr(run, name))
+    run.state.plateau_best, run.state.plateau_since = run.plateau.best, run.plateau.since
     saved = checkpoint.save(run.out_dir, run.state, run.policy, run.tokenizer, run.optimizer, run.ref)
     sink.checkpoint(step, saved.path, saved.nbytes, saved.sha256)
     # Prune after the sink recorded the new one: a listed checkpoint is never missing its files.
@@ -86,6 +87,29 @@ def _check_stall(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
             raise StallError(message + " (algo.fail_on_stall is set)")
 
 
+def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
+    """`rollout.broaden`: after an evaluation at `step` (steps completed), start a wider stage
+    at the next step when the metric has not risen by min_delta over `patience` evaluations."""
+    b = run.spec.rollout.broaden
+    if b is None:
+        return
+    run.plateau.observe(values[b.metric], b.min_delta)
+    if run.plateau.since < b.patience:
+        return
+    plans = broaden(run.spec, run.plans, step)
+    if plans is None:  # at max_n already, or no step left
+        return
+    prev, new = stage_for_step(run.plans, step - 1), plans[-1]
+    reason = (f"{b.metric} did not rise by {b.min_delta} over {b.patience} evaluations "
+              f"(best {run.plateau.best:.4f}, now {values[b.metric]:.4f})")
+    run.plans = plans
+    run.state.broaden_starts = [*run.state.broaden_starts, step]
+    run.plateau.best, run.plateau.since = values[b.metric], 0  # the new stage gets `patience` evals
+    sink.event("broadened", {"step": step, "reason": reason, "from_n": prev.n, "n": new.n,
+                             "prompts_per_step": new.prompts_per_step, "lr": new.lr, "stage": new.index})
+    log.info("broadened at step %d: n %d -> %d (%s)", step, prev.n, new.n, reason)
+
+
 def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], resume: Path | None = None,
           *, out_dir: Path, dataset_path: Path | None = None,
           on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
@@ -107,6 +131,7 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
         if start == 0:
             last_eval = _evaluate(run, sink, 0)
             sink.metrics(0, {**last_eval, "stage": 0, "n": run.plans[0].n})
+            _maybe_broaden(run, sink, 0, last_eval)
         while done < total:
             if should_stop():
                 stopped = True
@@ -115,6 +140,9 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
             plan = stage_for_step(run.plans, done)  # the schedule counts steps from 0
             if done == plan.first_step or done == start:
                 sink.event("stage_started", {"step": step, **dataclasses.asdict(plan)})
+                if done == plan.first_step and (warning := stage_warning(run.plans, plan)):
+                    sink.event("warning", {"step": step, "message": warning})
+                    log.warning(warning)
             run.state.stage = plan.index
             values = run_step(run, plan, done)
             if _due(spec.eval.every, step) or step == total:
@@ -122,6 +150,8 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
                 values.update(last_eval)
             sink.metrics(step, values)
             _check_stall(run, sink, step, values)
+            if "eval/pass@1" in values:
+                _maybe_broaden(run, sink, step, values)
             if on_step:
                 on_step(step, values)
             # Reset the reference before checkpointing so that a checkpoint holds the state after

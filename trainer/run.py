@@ -10,7 +10,7 @@ import copy
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -22,7 +22,7 @@ from trainer.engines import make_engine
 from trainer.models import compute_dtype, load_policy, resolve_device
 from trainer.advantages import ADVANTAGES, AdvantageFn
 from trainer.update import UpdateConfig, auto_micro_batch_tokens
-from trainer.schedule import StagePlan, plan
+from trainer.schedule import Plateau, StagePlan, replan, widest_samples
 from trainer.spec import JobSpec
 from trainer.stop import never
 from trainer.tasks import build_task
@@ -81,6 +81,7 @@ class Run:
     keep_rounds_seen: int = 0                    # generation rounds that rate is made of
     nonfinite_in_row: int = 0                    # updates skipped in a row (non-finite loss/grad)
     stalled_steps: int = 0                       # steps in a row that could not learn
+    plateau: Plateau = field(default_factory=Plateau)  # rollout.broaden's memory of the metric
     stop_check: Callable[[], None] = never       # raises StopRequested inside long phases
 
     def close(self) -> None:
@@ -174,7 +175,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     if spec.algo.kl_coef > 0:
         # The reference is never trained: it may live in the compute dtype (half the memory).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
-    plans = plan(spec)
+    plans = replan(spec, [])
     optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr, device_dtype=cdtype)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
                                     spec_sha256=spec_sha256(spec))
@@ -182,13 +183,14 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
         state = checkpoint.load_state(Path(resume), optimizer, ref)
         if ref is not None and not (Path(resume) / "trainer_state" / "ref.safetensors").is_file():
             ref.load_state_dict(policy.state_dict())  # reference == policy at that step
+        plans = replan(spec, state.broaden_starts)
 
     template = spec.task.prompt_template
     train_ids = _encode(tokenizer, [render_prompt(ex.question, template, tokenizer) for ex in task.train])
     eval_ids = _encode(tokenizer, [render_prompt(ex.question, template, tokenizer) for ex in task.eval])
     max_prompt = max(len(p) for p in train_ids + eval_ids)
     max_len = max_prompt + spec.rollout.max_new_tokens
-    widest = max(p.samples_per_step for p in plans)
+    widest = widest_samples(spec)
     engine = make_engine(spec.rollout.engine, source, policy, tokenizer, dtype=spec.model.dtype,
                          seed=spec.seed, max_model_len=max_len,
                          max_num_seqs=max(widest, len(eval_ids) * spec.eval.samples_per_prompt))
@@ -201,4 +203,5 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
                micro_batch_tokens=micro, compute_dtype=cdtype,
                update_cfg=UpdateConfig.from_spec(spec, cdtype),
                advantage_fn=ADVANTAGES[spec.algo.advantage], stop_check=stop_check,
+               plateau=Plateau(state.plateau_best, state.plateau_since),
                **{name: getattr(state, name) for name in RESUMED_COUNTERS})

@@ -178,6 +178,25 @@ def _default_schedule() -> list[Stage]:
     return [Stage(n=16, prompts_per_step=64, steps=200), Stage(n=512, prompts_per_step=16, steps=100)]
 
 
+class BroadenSpec(_Frozen):
+    """Broaden on a plateau: when `metric` has not risen by `min_delta` over `patience`
+    evaluations, the next stage starts with n x `factor` (up to `max_n`)."""
+
+    metric: str = Field("eval/pass@1", pattern=r"^eval/pass@[0-9]{1,4}$",
+                        description="An eval metric, eval/pass@k with k in eval.k (or 1).")
+    patience: int = Field(2, ge=1, le=1000, description="Evaluations without improvement.")
+    min_delta: float = Field(0.01, ge=0, le=1, description="Smallest rise that counts as improvement.")
+    factor: int = Field(4, ge=2, le=64, description="n is multiplied by this at each broadening.")
+    max_n: int = Field(512, ge=2, le=4096, description="n never grows past this.")
+    prompts: Literal["keep_prompts", "keep_samples"] = Field(
+        "keep_prompts", description="Prompts per step of a broadened stage: keep_prompts keeps the "
+        "first stage's (samples per step grow with n); keep_samples divides them by the growth of "
+        "n (never below min_prompts).")
+    min_prompts: int = Field(
+        8, ge=1, le=8192, description="keep_samples never goes below this many prompts per step: "
+        "fewer prompts per update lost what the narrow stage learned (docs/results.md, issue 12).")
+
+
 class RolloutSpec(_Frozen):
     engine: Literal["auto", "vllm", "hf"] = Field(
         "auto", description="auto: vLLM on a CUDA device, the HF engine on a CPU, where it measured "
@@ -186,6 +205,9 @@ class RolloutSpec(_Frozen):
     max_new_tokens: int = Field(256, ge=1, le=131_072)
     temperature: float = Field(1.0, gt=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
+    broaden: BroadenSpec | None = Field(
+        None, description="Broaden on a plateau. It replaces later stages: give one stage, whose "
+                          "steps are then the whole job's; each plateau starts a wider stage.")
 
     @field_validator("schedule")
     @classmethod
@@ -202,6 +224,11 @@ class RolloutSpec(_Frozen):
 class OptimSpec(_Frozen):
     lr: float = Field(1e-6, gt=0, le=0.01, description="LR at the first stage's batch B0 = prompts x n.")
     lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+    lr_batch: Literal["prompts_capped", "samples"] = Field(
+        "prompts_capped", description="What lr_scaling's batch ratio counts. samples: B = prompts x n "
+        "(the paper). prompts_capped (default): the samples ratio, capped at the growth of prompts per "
+        "step, so a stage with no more prompts than the first never gets a larger lr (a broad stage "
+        "of 4 prompts at lr x sqrt(2) lost pass@1 where lr x 1 gained: docs/results.md, section 6).")
     warmup_steps: int = Field(0, ge=0, le=MAX_TOTAL_STEPS)
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     weight_decay: float = Field(0.01, ge=0, le=10)
@@ -316,6 +343,29 @@ class JobSpec(_Frozen):
                 "rollout.max_new_tokens",
                 f"{self.rollout.max_new_tokens} is too short for builtin:tiny, which writes its "
                 f"answer one character per token: use at least {TINY_MIN_NEW_TOKENS}")
+        return self
+
+    @model_validator(mode="after")
+    def _broaden_fits(self) -> "JobSpec":
+        b = self.rollout.broaden
+        if b is None:
+            return self
+        if len(self.rollout.schedule) != 1:
+            raise FieldError("rollout.broaden", "replaces the schedule's later stages: give exactly "
+                             f"one stage in rollout.schedule (got {len(self.rollout.schedule)})")
+        k = int(b.metric.split("@")[1])
+        if k != 1 and k not in self.eval.k:
+            raise FieldError("rollout.broaden.metric", f"{b.metric} is not evaluated: add {k} to eval.k")
+        if self.eval.every == 0:
+            raise FieldError("rollout.broaden", "needs periodic evaluations: set eval.every > 0")
+        first = self.rollout.schedule[0]
+        if b.max_n <= first.n:
+            raise FieldError("rollout.broaden.max_n", f"{b.max_n} leaves no room above the first "
+                             f"stage's n ({first.n})")
+        widest = b.max_n * first.prompts_per_step
+        if b.prompts == "keep_prompts" and widest > MAX_SAMPLES_PER_STEP:
+            raise FieldError("rollout.broaden.max_n", f"max_n x prompts_per_step = {widest} exceeds "
+                             f"{MAX_SAMPLES_PER_STEP} samples per step")
         return self
 
     @property

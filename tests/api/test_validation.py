@@ -28,6 +28,22 @@ CASES = {
     "builtin:tiny cannot finish its answer": (
         make_spec(rollout={"schedule": [STAGE], "max_new_tokens": 16}), "rollout.max_new_tokens",
         "too short for builtin:tiny"),
+    "broaden factor below 2": (make_spec(rollout={"schedule": [STAGE], "broaden": {"factor": 1}}),
+                               "rollout.broaden.factor", "greater than or equal to 2"),
+    "broaden patience not an int": (
+        make_spec(rollout={"schedule": [STAGE], "broaden": {"patience": 1.5}}),
+        "rollout.broaden.patience", "valid integer"),
+    "broaden min_delta above 1": (
+        make_spec(rollout={"schedule": [STAGE], "broaden": {"min_delta": 2}}),
+        "rollout.broaden.min_delta", "less than or equal to 1"),
+    "broaden with two stages": (make_spec(rollout={"schedule": [STAGE, STAGE], "broaden": {}}),
+                                "rollout.broaden", "exactly one stage"),
+    "broaden max_n not above n": (
+        make_spec(rollout={"schedule": [STAGE], "broaden": {"max_n": 4}}),
+        "rollout.broaden.max_n", "no room above"),
+    "broaden metric not evaluated": (
+        make_spec(rollout={"schedule": [STAGE], "broaden": {"metric": "eval/pass@8"}}),
+        "rollout.broaden.metric", "add 8 to eval.k"),
 }
 
 

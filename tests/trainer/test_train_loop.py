@@ -134,3 +134,22 @@ def test_cpu_offloaded_optimizer_resumes_and_matches_plain_adamw(full_run, tmp_p
         for k in ("reward_mean", "loss", "kl", "grad_norm"):
             a, b = full[s][k], resumed[s][k]
             assert (a is b is None) or math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), (s, k, a, b)
+
+
+def test_broaden_on_plateau_switches_stage_and_survives_resume(tmp_path):
+    # min_delta 1.0 can never be met: every evaluation after the first is a plateau, so the
+    # job broadens after step 1 (n 4 -> 8 = max_n) and stays there; resume must keep n = 8.
+    spec = tiny_spec(rollout={"engine": "hf", "max_new_tokens": 24,
+                              "schedule": [{"n": 4, "prompts_per_step": 2, "steps": 3}],
+                              "broaden": {"patience": 1, "min_delta": 1.0, "factor": 2, "max_n": 8}},
+                     eval={"every": 1, "samples_per_prompt": 2, "k": [1, 2]},
+                     checkpoint={"every": 1, "keep_last": 2}, optim={"lr": 1e-4, "lr_batch": "samples"})
+    first, r1 = run(spec, tmp_path / "a", stop_after=2)
+    assert r1.steps_completed == 2
+    second, r2 = run(spec, tmp_path / "a", resume=latest(tmp_path / "a"))
+    rows = {r["step"]: r for r in first.steps + second.steps}
+    assert [(rows[s]["n"], rows[s]["stage"], rows[s]["prompts"]) for s in (1, 2, 3)] == [(4, 0, 2), (8, 1, 2), (8, 1, 2)]
+    broadened = [d for t, d in first.events + second.events if t == "broadened"]
+    assert len(broadened) == 1 and broadened[0]["step"] == 1 and broadened[0]["n"] == 8
+    assert "did not rise by 1.0" in broadened[0]["reason"]
+    assert rows[2]["lr"] == pytest.approx(rows[1]["lr"] * math.sqrt(2))
