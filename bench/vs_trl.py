@@ -129,8 +129,9 @@ def child_brorl(cfg: dict) -> None:
     from trainer.run import build_run
 
     _threads(cfg["threads"])
-    spec = spec_for(cfg)
-    total = cfg["warmup"] + cfg["steps"]
+    # With --profile, one extra step at the end runs under the profiler and is not timed.
+    total = cfg["warmup"] + cfg["steps"] + (1 if cfg["profile"] else 0)
+    spec = spec_for({**cfg, "steps": total - cfg["warmup"]})
     with tempfile.TemporaryDirectory() as tmp:
         run = build_run(spec, Path(tmp), None, None)
         _threads(cfg["threads"])
@@ -159,7 +160,7 @@ def child_brorl(cfg: dict) -> None:
             for s in range(total):
                 timing["step"] = s
                 m = step_mod.run_step(run, run.plans[0], s)
-                steps.append({"step": s, "warmup": s < cfg["warmup"], "step_s": m["step_s"], "gen_s": m["gen_s"],
+                steps.append({"step": s, "warmup": s < cfg["warmup"] or s >= cfg["warmup"] + cfg["steps"], "step_s": m["step_s"], "gen_s": m["gen_s"],
                               "update_s": timing["update_s"], "samples": m["samples"],
                               "update_gflop": counter.flops / 1e9, "update_tokens": counter.tokens,
                               "response_len_mean": m["response_len_mean"]})
