@@ -282,6 +282,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
     for r in rows:
         b, t = r.get("brorl", {}), r.get("trl", {})
         ratio = f"{b['samples_per_s'] / t['samples_per_s']:.2f}x" if b and t else "-"
+        if t.get("reused_from"):
+            ratio += " (TRL from an earlier run)"
         sps = lambda x: f"{x['samples_per_s']:.1f}" if x else "-"  # noqa: E731
         rss = f"{b.get('peak_rss_mb', float('nan')):.0f} / {t.get('peak_rss_mb', float('nan')):.0f}"
         share = f"{100 * b['update_frac']:.0f} %" if b else "-"
@@ -304,6 +306,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true", help="torch.profiler over this project's last update")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per child process")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--reuse", type=Path, help="a previous vs_trl_*.json: take the rows of trainers not run "
+                    "now from it (e.g. --trainers brorl --reuse bench/out/vs_trl_before.json)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.shapes = [s for s in args.shapes.split(",") if s]
@@ -330,6 +334,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     dirs = launch("prep", base, args.timeout)
     matmul = launch("matmul", base, args.timeout)
+    reused = {r["shape"]: r for r in json.loads(args.reuse.read_text())["rows"]} if args.reuse else {}
     rows = []
     for shape in args.shapes:
         model, n, prompts = SHAPES[shape]
@@ -341,7 +346,13 @@ def main() -> None:
                 row["profile"] = res["profile"]
                 print(f"\nprofile of this project's update, {shape}:\n{res['profile']}")
             row[trainer] = summarise(res)
+        for trainer in ("brorl", "trl"):
+            if trainer not in row and trainer in reused.get(shape, {}):
+                row[trainer] = {**reused[shape][trainer], "reused_from": str(args.reuse)}
         rows.append(row)
+        # Partial results after each shape: a long run killed later keeps what it measured.
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"vs_trl_{args.label}.partial.json").write_text(json.dumps(rows, indent=1))
     meta = {"label": args.label, "threads": args.threads, "load_before": round(load_before, 2),
             "load_after": round(os.getloadavg()[0], 2), "matmul_gflops": matmul["best"],
             "matmul": matmul["gflops"], "warmup": args.warmup, "steps": args.steps,
