@@ -6,6 +6,10 @@ never goes through the model at once. Samples are packed into micro-batches of a
 loss divided by the valid-token count of the WHOLE mini-batch, so the accumulated gradient
 equals the full mini-batch's gradient while only one micro-batch's activations are alive.
 
+When prompts repeat (groups of N), a micro-batch runs each prompt once and its responses
+attend to the prompt's keys/values (`_shared_prefix_logits`); the budget then counts the
+tokens actually run (prompts once, responses padded to the chunk's longest). Otherwise:
+
 Sequences are prompt + response, right-padded with token 0 and an attention mask; with right
 padding real tokens never see padding under the causal mask, and position ids are simply
 0 .. L-1 (passed explicitly so no model has to infer them from the mask).
