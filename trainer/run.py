@@ -29,6 +29,7 @@ from trainer.tasks import build_task
 from trainer.tasks.base import Task
 from trainer.tasks.prompts import render_prompt, target_completion
 from trainer.tasks.scoring import Scorer
+from trainer.threads import configure_threads
 
 TINY = "builtin:tiny"
 
@@ -159,6 +160,7 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
 def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
               stop_check: Callable[[], None] = never) -> Run:
     torch.manual_seed(spec.seed)
+    configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
     device = resolve_device()
     task = build_task(spec.task, spec.seed, dataset_path)
     scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)

@@ -160,16 +160,21 @@ def update(run: Run, batch: Rollouts, step: int) -> dict[str, float]:
     batch.advantages = run.advantage_fn(batch.rewards, batch.group, token_weights)
     temp = spec.rollout.temperature
     mbt, cd = run.micro_batch_tokens, run.compute_dtype
-    old = sequence_logprobs(run.policy, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd)
-    ref = None
-    if run.ref is not None:
-        ref = sequence_logprobs(run.ref, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd)
     cfg = run.update_cfg
+    sp = cfg.shared_prefix
     gen = torch.Generator().manual_seed(mix_seed(spec.seed, step, 7919))
+    chunks = split_mini_batches(len(batch), algo.mini_batches, gen)
+    # One mini-batch: old log-probs = the current ones, taken inside the update (no extra pass).
+    old = None if len(chunks) == 1 else sequence_logprobs(
+        run.policy, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd, shared_prefix=sp)
+    ref = None  # run.ref is None when kl_coef is 0: no reference pass
+    if run.ref is not None:
+        ref = sequence_logprobs(run.ref, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd,
+                                shared_prefix=sp)
     stats: list[dict[str, float]] = []
-    for chunk in split_mini_batches(len(batch), algo.mini_batches, gen):
+    for chunk in chunks:
         ids = chunk.tolist()
-        s = ppo_update(run.policy, run.optimizer, batch.select(chunk), [old[i] for i in ids],
+        s = ppo_update(run.policy, run.optimizer, batch.select(chunk), None if old is None else [old[i] for i in ids],
                        None if ref is None else [ref[i] for i in ids], cfg, mbt)
         run.nonfinite_in_row = run.nonfinite_in_row + 1 if s["skipped"] else 0
         if run.nonfinite_in_row >= spec.optim.max_nonfinite_steps:

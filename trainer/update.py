@@ -6,6 +6,10 @@ never goes through the model at once. Samples are packed into micro-batches of a
 loss divided by the valid-token count of the WHOLE mini-batch, so the accumulated gradient
 equals the full mini-batch's gradient while only one micro-batch's activations are alive.
 
+When prompts repeat (groups of N), a micro-batch runs each prompt once and its responses
+attend to the prompt's keys/values (`_shared_prefix_logits`); the budget then counts the
+tokens actually run (prompts once, responses padded to the chunk's longest). Otherwise:
+
 Sequences are prompt + response, right-padded with token 0 and an attention mask; with right
 padding real tokens never see padding under the causal mask, and position ids are simply
 0 .. L-1 (passed explicitly so no model has to infer them from the mask).
@@ -56,6 +60,9 @@ class UpdateConfig:
     temperature: float = 1.0
     grad_clip: float | None = 1.0
     compute_dtype: torch.dtype = torch.float32
+    # Run each prompt once per micro-batch and let its samples attend to its keys/values
+    # (`_shared_prefix_logits`); off = the plain padded batch. Same objective either way.
+    shared_prefix: bool = True
 
     def __post_init__(self) -> None:
         # Resolved once here (an unknown name fails now), not looked up in every micro-batch.
@@ -157,6 +164,110 @@ def _response_logits(model, batch: dict, temperature: float,
     return logits.float() / temperature
 
 
+# ----------------------------------------------------------------------------- shared prefix
+# All N samples of a group share one prompt. The plain batch runs that prompt N times; here it
+# runs once per micro-batch, and the group's responses attend to its cached keys/values
+# (index-selected over the group, so gradients from all N responses sum back into the one
+# prompt pass). Same logits as the plain batch up to float rounding: same positions, same
+# causal visibility, padding masked. Everything is right-padded, so no query row is fully
+# masked (left padding would put NaNs into padded keys/values).
+
+
+def uses_shared_prefix(model, prompt_ids, enabled: bool = True) -> bool:
+    """Whether the shared-prefix forward applies: asked for, prompts repeat, no checkpointing
+    (HF turns the key/value cache off under gradient checkpointing)."""
+    if not enabled or getattr(model, "is_gradient_checkpointing", False):
+        return False
+    return len({tuple(p) for p in prompt_ids}) < len(prompt_ids)
+
+
+def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int) -> list[list[int]]:
+    """Sample indices in chunks for the shared-prefix forward, each computing at most
+    `max_tokens` tokens: distinct prompts x their longest + samples x the longest response.
+
+    Longest prompts first (similar lengths share a chunk), and within a group the longest
+    responses first (little response padding). A group over the budget is split; each part
+    runs its prompt once. A single sample over the budget gets a chunk of its own.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(prompt_ids):
+        groups.setdefault(tuple(p), []).append(i)
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    seen: set[tuple] = set()
+    pmax = rmax = 0
+    for key, members in sorted(groups.items(), key=lambda kv: -len(kv[0])):
+        for i in sorted(members, key=lambda i: -len(response_ids[i])):
+            p2, r2 = max(pmax, len(key)), max(rmax, len(response_ids[i]))
+            if cur and (len(seen) + (key not in seen)) * p2 + (len(cur) + 1) * r2 > max_tokens:
+                chunks.append(cur)
+                cur, seen, p2, r2 = [], set(), len(key), len(response_ids[i])
+            cur.append(i)
+            seen.add(key)
+            pmax, rmax = p2, r2
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int], temperature: float,
+                          compute_dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
+    """[b, R, V] float32 logits / temperature predicting each response token, plus the batch's
+    targets / mask / rlens: one prompt pass per distinct prompt, one response pass."""
+    device = next(model.parameters()).device
+    slots: dict[tuple, int] = {}
+    group = torch.tensor([slots.setdefault(tuple(prompt_ids[i]), len(slots)) for i in idx])
+    prompts = [torch.tensor(k, dtype=torch.long) for k in slots]
+    plens = torch.tensor([len(p) for p in prompts])
+    if int(plens.min()) == 0:
+        raise ValueError("empty prompt: the first response token would have no predicting position")
+    G, P = len(prompts), int(plens.max())
+    pmask = (torch.arange(P).unsqueeze(0) < plens.unsqueeze(1)).long()
+    # Only each prompt's last position is projected to the vocabulary (it predicts token 0).
+    keep = torch.unique(plens - 1)
+    col = torch.searchsorted(keep, plens - 1)
+    rlens = torch.tensor([len(response_ids[i]) for i in idx])
+    R = int(rlens.max())
+    resp = pad_sequence([torch.tensor(response_ids[i], dtype=torch.long) for i in idx], batch_first=True)
+    resp = resp.reshape(len(idx), R)
+    mask = torch.arange(R).unsqueeze(0) < rlens.unsqueeze(1)
+    batch = {"targets": torch.where(mask, resp, 0).to(device), "mask": mask.to(device), "rlens": rlens.tolist()}
+    with autocast(device, compute_dtype):
+        out = model(input_ids=pad_sequence(prompts, batch_first=True).to(device),
+                    attention_mask=pmask.to(device), position_ids=torch.arange(P).expand(G, P).to(device),
+                    logits_to_keep=keep.to(device), use_cache=True)
+        parts = [out.logits[group.to(device), col[group].to(device)].unsqueeze(1)]
+        if R > 1:
+            cache = out.past_key_values
+            cache.batch_select_indices(group.to(device))  # [G, ...] -> [b, ...]; grads sum back
+            # Response inputs 0 .. R-2 predict tokens 1 .. R-1; padded inputs only feed padded
+            # outputs (causal), so their mask can stay 1.
+            attn = torch.cat([pmask[group], torch.ones(len(idx), R - 1, dtype=torch.long)], 1)
+            pos = plens[group].unsqueeze(1) + torch.arange(R - 1).unsqueeze(0)
+            out2 = model(input_ids=resp[:, :R - 1].to(device), attention_mask=attn.to(device),
+                         position_ids=pos.to(device), past_key_values=cache, use_cache=True)
+            parts.append(out2.logits)
+    logits = torch.cat(parts, 1)[:, :R]
+    return logits.float() / temperature, batch
+
+
+def _chunks(model, prompt_ids, response_ids, max_tokens: int, shared: bool) -> tuple[list[list[int]], bool]:
+    """The micro-batches and whether they run through the shared-prefix forward."""
+    if uses_shared_prefix(model, prompt_ids, shared):
+        return prefix_micro_batches(prompt_ids, response_ids, max_tokens), True
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    return micro_batches(lengths, max_tokens), False
+
+
+def _logits(model, prompt_ids, response_ids, idx: list[int], temperature: float,
+            compute_dtype: torch.dtype, shared: bool) -> tuple[torch.Tensor, dict]:
+    """Response logits and the batch (targets, mask, rlens) by either forward."""
+    if shared:
+        return _shared_prefix_logits(model, prompt_ids, response_ids, idx, temperature, compute_dtype)
+    batch = _pack(prompt_ids, response_ids, idx, next(model.parameters()).device)
+    return _response_logits(model, batch, temperature, compute_dtype), batch
+
+
 def _token_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] without materialising the full log-softmax."""
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
@@ -173,19 +284,18 @@ def _pad_rows(rows, idx: list[int], device) -> torch.Tensor:
 
 @torch.no_grad()
 def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_tokens: int,
-                      with_entropy: bool = False, compute_dtype: torch.dtype = torch.float32):
+                      with_entropy: bool = False, compute_dtype: torch.dtype = torch.float32,
+                      shared_prefix: bool = True):
     """Per-sample 1-D float32 CPU tensors of log pi(response token | prefix) at `temperature`.
 
     With `with_entropy`, returns (logprobs, entropies), entropies per response token.
     Results are in the order of the inputs, whatever the micro-batching.
     """
-    device = next(model.parameters()).device
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    logps: list[torch.Tensor] = [None] * len(lengths)  # type: ignore[list-item]
-    ents: list[torch.Tensor] = [None] * len(lengths)  # type: ignore[list-item]
-    for chunk in micro_batches(lengths, max_tokens):
-        batch = _pack(prompt_ids, response_ids, chunk, device)
-        logits = _response_logits(model, batch, temperature, compute_dtype)
+    logps: list[torch.Tensor] = [None] * len(prompt_ids)  # type: ignore[list-item]
+    ents: list[torch.Tensor] = [None] * len(prompt_ids)  # type: ignore[list-item]
+    chunks, shared = _chunks(model, prompt_ids, response_ids, max_tokens, shared_prefix)
+    for chunk in chunks:
+        logits, batch = _logits(model, prompt_ids, response_ids, chunk, temperature, compute_dtype, shared)
         lp = _token_logp(logits, batch["targets"]).cpu()
         ent = entropy_from_logits(logits).cpu() if with_entropy else None
         for row, (i, n) in enumerate(zip(chunk, batch["rlens"])):
@@ -199,14 +309,19 @@ def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_t
 
 
 def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
-                cfg: UpdateConfig, n_tokens: int) -> dict[str, float]:
-    """Forward + backward of one micro-batch; returns its token SUMS for the statistics."""
+                cfg: UpdateConfig, n_tokens: int, shared: bool) -> dict[str, float]:
+    """Forward + backward of one micro-batch; returns its token SUMS for the statistics.
+
+    `old_logp` None: the policy has not moved since the rollouts' log-probs would have been
+    taken (the first and only mini-batch), so old = current, detached: the ratio is 1 with
+    the gradient of the ratio, without a separate no-grad pass over the batch.
+    """
     device = next(model.parameters()).device
-    batch = _pack(mb.prompt_ids, mb.response_ids, idx, device)
+    logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.temperature,
+                            cfg.compute_dtype, shared)
     mask = batch["mask"]
-    logits = _response_logits(model, batch, cfg.temperature, cfg.compute_dtype)
     logp = _token_logp(logits, batch["targets"])
-    old = _pad_rows(old_logp, idx, device)
+    old = logp.detach() if old_logp is None else _pad_rows(old_logp, idx, device)
     engine = _pad_rows(mb.engine_logprobs, idx, device)
     adv = mb.advantages[idx].to(device)
 
@@ -243,16 +358,19 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     All statistics are token-weighted means over the mini-batch, except `loss` (the
     mini-batch loss itself) and `grad_norm` (the global norm before clipping).
 
+    `old_logp` None means old = current (detached): only right for the first mini-batch of
+    a step, before any optimizer step (`trainer.step.update` passes None when there is one).
+
     A mini-batch whose loss or gradient norm is not finite is not applied (the weights and the
     optimizer state stay as they were); `skipped` = 1 says so and the caller counts them.
     """
     if minibatch.advantages is None:
         raise ValueError("minibatch.advantages is None: compute advantages before the update")
-    lengths = [len(p) + len(r) for p, r in zip(minibatch.prompt_ids, minibatch.response_ids)]
     n_tokens = sum(len(r) for r in minibatch.response_ids)
     totals: dict[str, float] = {}
-    for chunk in micro_batches(lengths, max_tokens):
-        for k, v in _micro_step(model, minibatch, chunk, old_logp, ref_logp, cfg, n_tokens).items():
+    chunks, shared = _chunks(model, minibatch.prompt_ids, minibatch.response_ids, max_tokens, cfg.shared_prefix)
+    for chunk in chunks:
+        for k, v in _micro_step(model, minibatch, chunk, old_logp, ref_logp, cfg, n_tokens, shared).items():
             totals[k] = totals.get(k, 0.0) + v
 
     params = [p for p in model.parameters() if p.grad is not None]
