@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,6 +240,24 @@ def _server_procs(server: subprocess.Popen,
     return procs, backends
 
 
+@contextmanager
+def scratch_database(prefix: str):
+    """A PostgreSQL database of one bench run's own, dropped afterwards (also on errors)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{PG}/{name}"
+    finally:
+        from store.db import reset_engine_cache
+
+        reset_engine_cache()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=100)
@@ -250,82 +269,72 @@ def main() -> int:
     ap.add_argument("--client", choices=["aiohttp", "httpx"], default="aiohttp")
     args = ap.parse_args()
 
-    name = f"brorl_load_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = f"{PG}/{name}"
-    stop = threading.Event()
-    server = None
-    try:
-        job_id, victims, attackers = _setup(url, args.clients, args.streams)
-        tmp = Path(tempfile.mkdtemp(prefix="brorl-load-"))
-        port = _free_port()
-        env = {**os.environ, "BRORL_DATABASE_URL": url, "BRORL_DATA_DIR": str(tmp),
-               "BRORL_BROKER_URL": f"sqla+sqlite:///{tmp / 'broker.db'}",
-               "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--port",
-             str(port), "--workers", str(args.workers), "--log-level", "warning"], env=env,
-            start_new_session=True)  # its own process group: cleanup reaches the workers too
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        writer = threading.Thread(target=_play_worker, args=(url, job_id, stop), daemon=True)
-        writer.start()
-        attack = [_stall_upload(port, attackers[i % ATTACK_KEYS]) for i in range(args.attack)]
-        # Warm up (pools, prepared statements, the auth cache) so the run measures steady state.
-        for key in victims[:args.clients]:
-            httpx.get(f"{base}/v1/jobs/{job_id}/metrics", params={"limit": 50},
-                      headers={"Authorization": f"Bearer {key}"}, timeout=30)
-        me = psutil.Process()
-        load_before = os.getloadavg()[0]
-        api_procs, pg_procs = _server_procs(server, url)
-        cpu0 = [_cpu_seconds(api_procs), _cpu_seconds(pg_procs), _cpu_seconds([me])]
-        result = asyncio.run(_run_load(base, job_id, victims, args))
-        api_cpu, pg_cpu, gen_cpu = (_cpu_delta(before, after) for after, before in zip(
-            [_cpu_seconds(api_procs), _cpu_seconds(pg_procs), _cpu_seconds([me])], cpu0))
-        server_cpu = api_cpu + pg_cpu
-        per = 1000 / max(1, result["requests"])
-        result.update(
-            load_avg_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
-            client=args.client,
-            # CPU ms per answered dashboard request (streams and the writer included): what
-            # the server side (uvicorn + its PostgreSQL backends) and the generator each cost.
-            server_cpu_ms_per_request=round(server_cpu * per, 2),
-            api_cpu_ms_per_request=round(api_cpu * per, 2),
-            postgres_cpu_ms_per_request=round(pg_cpu * per, 2),
-            generator_cpu_ms_per_request=round(gen_cpu * per, 2))
-        refused = 0
-        for sock, _ in attack:  # how the stalled uploads ended (429 cap, 408 timeout, or open)
-            sock.settimeout(0.01)
-            try:
-                refused += sock.recv(64).startswith(b"HTTP/1.1 4")
-            except OSError:
-                pass
-            sock.close()
-        result.update(clients=args.clients, streams=args.streams, api_workers=args.workers,
-                      attack_connections=args.attack, attack_refused_4xx=refused,
-                      seconds=args.seconds, cpus=os.cpu_count())
-    finally:
-        stop.set()
-        if server is not None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(15)
-        from store.db import reset_engine_cache
-
-        reset_engine_cache()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database("brorl_load") as url:
+        stop = threading.Event()
+        server = None
+        try:
+            job_id, victims, attackers = _setup(url, args.clients, args.streams)
+            tmp = Path(tempfile.mkdtemp(prefix="brorl-load-"))
+            port = _free_port()
+            env = {**os.environ, "BRORL_DATABASE_URL": url, "BRORL_DATA_DIR": str(tmp),
+                   "BRORL_BROKER_URL": f"sqla+sqlite:///{tmp / 'broker.db'}",
+                   "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+            server = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--port",
+                 str(port), "--workers", str(args.workers), "--log-level", "warning"], env=env,
+                start_new_session=True)  # its own process group: cleanup reaches the workers too
+            base = f"http://127.0.0.1:{port}"
+            for _ in range(300):
+                try:
+                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            writer = threading.Thread(target=_play_worker, args=(url, job_id, stop), daemon=True)
+            writer.start()
+            attack = [_stall_upload(port, attackers[i % ATTACK_KEYS]) for i in range(args.attack)]
+            # Warm up (pools, prepared statements, the auth cache) so the run measures steady state.
+            for key in victims[:args.clients]:
+                httpx.get(f"{base}/v1/jobs/{job_id}/metrics", params={"limit": 50},
+                          headers={"Authorization": f"Bearer {key}"}, timeout=30)
+            me = psutil.Process()
+            load_before = os.getloadavg()[0]
+            api_procs, pg_procs = _server_procs(server, url)
+            cpu0 = [_cpu_seconds(api_procs), _cpu_seconds(pg_procs), _cpu_seconds([me])]
+            result = asyncio.run(_run_load(base, job_id, victims, args))
+            api_cpu, pg_cpu, gen_cpu = (_cpu_delta(before, after) for after, before in zip(
+                [_cpu_seconds(api_procs), _cpu_seconds(pg_procs), _cpu_seconds([me])], cpu0))
+            server_cpu = api_cpu + pg_cpu
+            per = 1000 / max(1, result["requests"])
+            result.update(
+                load_avg_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+                client=args.client,
+                # CPU ms per answered dashboard request (streams and the writer included): what
+                # the server side (uvicorn + its PostgreSQL backends) and the generator each cost.
+                server_cpu_ms_per_request=round(server_cpu * per, 2),
+                api_cpu_ms_per_request=round(api_cpu * per, 2),
+                postgres_cpu_ms_per_request=round(pg_cpu * per, 2),
+                generator_cpu_ms_per_request=round(gen_cpu * per, 2))
+            refused = 0
+            for sock, _ in attack:  # how the stalled uploads ended (429 cap, 408 timeout, or open)
+                sock.settimeout(0.01)
+                try:
+                    refused += sock.recv(64).startswith(b"HTTP/1.1 4")
+                except OSError:
+                    pass
+                sock.close()
+            result.update(clients=args.clients, streams=args.streams, api_workers=args.workers,
+                          attack_connections=args.attack, attack_refused_4xx=refused,
+                          seconds=args.seconds, cpus=os.cpu_count())
+        finally:
+            stop.set()
+            if server is not None:
+                os.killpg(server.pid, signal.SIGTERM)
+                try:
+                    server.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    server.wait(15)
     out = REPO / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "load.json").write_text(json.dumps(result, indent=2) + "\n")

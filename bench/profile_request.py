@@ -20,16 +20,14 @@ import pstats
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sqlalchemy import create_engine, text  # noqa: E402
 
-from bench.load import PG, _setup  # noqa: E402
+from bench.load import _setup, scratch_database  # noqa: E402
 
 
 def _cpu_ms(fn, n: int) -> float:
@@ -67,13 +65,8 @@ def main() -> int:
     args = ap.parse_args()
     import os
 
-    name = f"brorl_prof_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = f"{PG}/{name}"
-    lines: list[str] = []
-    try:
+    with scratch_database("brorl_prof") as url:
+        lines: list[str] = []
         job_id, victims, _ = _setup(url, 1, 0)
         from store import jobs
         from store.db import session_scope
@@ -138,13 +131,6 @@ def main() -> int:
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
         lines.append(buf.getvalue())
-    finally:
-        from store.db import reset_engine_cache
-
-        reset_engine_cache()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
     out = REPO / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_request.txt").write_text("\n".join(lines) + "\n")
