@@ -8,6 +8,7 @@ also takes the worker's embedded beat process).
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import socket
@@ -127,33 +128,44 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
     wait_or_kill(proc, timeout)
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def supervise(procs: dict[str, subprocess.Popen], stop_timeout: float) -> int:
-    """Wait until Ctrl-C / SIGTERM or a child exits, then stop every child; exit code."""
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    """Wait until Ctrl-C / SIGTERM or a child exits, then stop every child; exit code.
+
+    The signals only set a flag that the loop reads: a KeyboardInterrupt raised at an arbitrary
+    point could land inside `Popen.poll` while it holds the Popen's wait lock, and every later
+    wait on that child would then time out instead of reaping it.
+    """
+    stop = {"signal": None}
+
+    def request_stop(signum, frame):
+        stop["signal"] = stop["signal"] or signum
+
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, request_stop) for sig in handled}
+    code = 0
     try:
-        while True:
-            for name, proc in procs.items():
-                if proc.poll() is not None:
-                    console.print(f"[red]{name} exited with status {proc.returncode}[/red]")
-                    return proc.returncode or 1
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        console.print("stopping...")
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the stop
-        # Signal both first, then wait: the API and the worker shut down in parallel.
+        while stop["signal"] is None:
+            exited = [(name, p) for name, p in procs.items() if p.poll() is not None]
+            if exited:
+                name, proc = exited[0]
+                console.print(f"[red]{name} exited with status {proc.returncode}[/red]")
+                code = proc.returncode or 1
+                break
+            time.sleep(0.2)
+        else:
+            console.print("stopping...")
+        # Signal both first, then wait: the API and the worker shut down in parallel. A second
+        # Ctrl-C only sets the flag again: it must not cut the stop short.
         for proc in procs.values():
             if proc.poll() is None:
                 _signal_group(proc, signal.SIGTERM)
         for proc in procs.values():
             wait_or_kill(proc, stop_timeout)
-        signal.signal(signal.SIGTERM, previous)
-        console.print("stopped")
-    return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    console.print("stopped")
+    return code
 
 
 def _free_port(host: str) -> int:
@@ -183,6 +195,8 @@ def _up(host: str, port: int, data_dir: Optional[Path], stop_timeout: float) -> 
     sys.stdout.flush()
     api_argv = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory",
                 "--host", host, "--port", str(port), "--timeout-graceful-shutdown", "5"]
+    # `kill -USR1 <pid>` prints where every thread of `brorl up` is (for a stop that hangs).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     procs = {"api": _spawn(api_argv)}
     procs["worker"] = _spawn([sys.executable, "-m", "cli.main", "worker", "--beat"])
     return supervise(procs, stop_timeout)

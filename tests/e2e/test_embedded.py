@@ -197,7 +197,13 @@ def test_ctrl_c_stops_everything(stack: Stack):
     children = _descendants(stack.proc.pid)
     assert len(children) >= 2, "expected the API and the worker under brorl up"
     stack.proc.send_signal(signal.SIGINT)
-    assert stack.proc.wait(timeout=60) == 0, stack.output()[-3000:]
+    try:
+        code = stack.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stack.proc.send_signal(signal.SIGUSR1)  # `brorl up` dumps every thread's stack (faulthandler)
+        time.sleep(2)
+        pytest.fail("brorl up still running 60 s after Ctrl-C:\n" + stack.output()[-6000:])
+    assert code == 0, stack.output()[-3000:]
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.2)
