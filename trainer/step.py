@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainer import distributed
 from trainer.run import Run
 from trainer.data import mix_seed
 from trainer.filtering import filter_rollouts, solve_fractions
@@ -157,13 +158,14 @@ def update(run: Run, batch: Rollouts, step: int) -> dict[str, float]:
     spec, algo = run.spec, run.spec.algo
     lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
     token_weights = lengths if algo.advantage_whitening == "token" else None
-    batch.advantages = run.advantage_fn(batch.rewards, batch.group, token_weights)
+    reduce = distributed.all_sum if distributed.active() else None
+    batch.advantages = run.advantage_fn(batch.rewards, batch.group, token_weights, reduce)
     temp = spec.rollout.temperature
     mbt, cd = run.micro_batch_tokens, run.compute_dtype
     cfg = run.update_cfg
     sp = cfg.shared_prefix
     gen = torch.Generator().manual_seed(mix_seed(spec.seed, step, 7919))
-    chunks = split_mini_batches(len(batch), algo.mini_batches, gen)
+    chunks = local_mini_batches(len(batch), algo.mini_batches, gen)
     # One mini-batch: old log-probs = the current ones, taken inside the update (no extra pass).
     old = None if len(chunks) == 1 else sequence_logprobs(
         run.policy, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd, shared_prefix=sp)
@@ -192,6 +194,19 @@ def update(run: Run, batch: Rollouts, step: int) -> dict[str, float]:
 def split_mini_batches(n: int, mini_batches: int, gen: torch.Generator) -> list[torch.Tensor]:
     """A random permutation of range(n) in exactly min(mini_batches, n) near-equal parts."""
     return list(torch.tensor_split(torch.randperm(n, generator=gen), min(mini_batches, n)))
+
+
+def local_mini_batches(n: int, mini_batches: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """This rank's part of each mini-batch of the whole (all ranks') batch.
+
+    The whole batch is every rank's samples in rank order; it is split as one process would
+    split it (same generator), and each rank keeps the indices it holds (maybe none: it then
+    still joins the mini-batch's collectives). One process: `split_mini_batches`.
+    """
+    sizes = distributed.all_gather_int(n)
+    offset = sum(sizes[:distributed.rank()])
+    parts = split_mini_batches(sum(sizes), mini_batches, gen)
+    return [c[(c >= offset) & (c < offset + n)] - offset for c in parts]
 
 
 class NonFiniteError(RuntimeError):
