@@ -141,3 +141,40 @@ def pad_count(model, n_chunks: int) -> int:
     if not (active() and is_sharded(model)):
         return 0
     return all_max_int(n_chunks) - n_chunks
+
+
+# --------------------------------------------------------------------------- checkpoints
+# torch.distributed.checkpoint writes each rank's shards plus the metadata to reshard them,
+# so a checkpoint saved by N ranks loads into M (one process included: no process group).
+
+
+def save_sharded(folder, model, optimizer) -> None:
+    """Model and optimizer state as a DCP checkpoint in `folder` (every rank calls this)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(folder), no_dist=not active())
+
+
+def load_sharded(folder, model, optimizer) -> None:
+    """Restore `save_sharded`'s state into this run's (maybe differently) sharded model."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not active())
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def save_consolidated(folder, model, tokenizer=None) -> None:
+    """The whole model as an HF folder (safetensors) for download: gathered on every rank,
+    written by rank 0 only."""
+    full = full_state_dict(model)
+    if rank() == 0:
+        model.save_pretrained(folder, state_dict=full, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+    if active():
+        dist.barrier()

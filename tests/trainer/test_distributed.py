@@ -68,25 +68,41 @@ def _run(policy, spec: JobSpec) -> SimpleNamespace:
 def _update(run, batch) -> dict:
     from trainer.step import update
 
-    run.optimizer = torch.optim.AdamW(run.policy.parameters(), lr=1e-3, weight_decay=0.01)
+    if run.optimizer is None:
+        run.optimizer = torch.optim.AdamW(run.policy.parameters(), lr=1e-3, weight_decay=0.01)
     return update(run, batch, step=3)
 
 
-def _rank_main(r: int, ws: int, port: int, out: str) -> None:
+def _local_batch(r: int, ws: int) -> Rollouts:
+    full = _batch(GROUPS)
+    mine = distributed.share(list(range(len(GROUPS))), r, ws)
+    rows = torch.isin(full.group, torch.tensor(mine)).nonzero(as_tuple=True)[0]
+    local = full.select(rows)
+    local.group = local.group - min(mine)  # local group ids, as collect() numbers them
+    return local
+
+
+def _rank_main(r: int, ws: int, port: int, out: str, mode: str = "update", ckpt: str = "") -> None:
+    """mode update: one update, rank 0 saves stats and weights to `out`. save: one update, a
+    DCP checkpoint and the HF folder under `ckpt`, one more update, weights to `out`. load:
+    resume from the DCP checkpoint `ckpt`, one update, weights to `out`."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(ws),
                       LOCAL_RANK=str(r))
     torch.set_num_threads(1)
     assert distributed.init_from_env()
     try:
         spec = JobSpec.model_validate(SPEC)
-        full = _batch(GROUPS)
-        mine = distributed.share(list(range(len(GROUPS))), r, ws)
-        rows = torch.isin(full.group, torch.tensor(mine)).nonzero(as_tuple=True)[0]
-        local = full.select(rows)
-        local.group = local.group - min(mine)  # local group ids, as collect() numbers them
+        local = _local_batch(r, ws)
         run = _run(_model(), spec)
         distributed.shard_policy(run.policy, torch.float32)
+        if mode == "load":
+            run.optimizer = torch.optim.AdamW(run.policy.parameters(), lr=1e-3, weight_decay=0.01)
+            distributed.load_sharded(ckpt + "/dcp", run.policy, run.optimizer)
         stats = _update(run, local)
+        if mode == "save":
+            distributed.save_sharded(ckpt + "/dcp", run.policy, run.optimizer)
+            distributed.save_consolidated(ckpt + "/hf", run.policy)
+            stats = _update(run, local)
         weights = distributed.full_state_dict(run.policy)
         if r == 0:
             torch.save({"stats": stats, "weights": {k: v.detach().clone() for k, v in weights.items()}}, out)
@@ -130,3 +146,35 @@ def test_two_ranks_update_equals_one_process(tmp_path):
         torch.testing.assert_close(got["weights"][k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
         moved += int(not torch.equal(v, before[k]))
     assert moved == len(before)  # the update did change every tensor: the match is not vacuous
+
+
+def _assert_same_weights(got: dict, model) -> None:
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_two_rank_checkpoint_resumes_in_one_process_and_back(tmp_path):
+    """DCP reshards: 2 ranks save -> 1 process resumes, and 1 process saves -> 2 ranks resume;
+    the resumed update (which needs the restored Adam moments) matches the uninterrupted run."""
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    spec = JobSpec.model_validate(SPEC)
+    a = tmp_path / "from2"
+    spawn(_rank_main, 2, str(tmp_path / "w2.pt"), "save", str(a))
+    two = torch.load(tmp_path / "w2.pt", weights_only=False)["weights"]
+    hf = AutoModelForCausalLM.from_pretrained(a / "hf")  # the download folder loads in transformers
+    run = _run(_model(), spec)
+    run.optimizer = torch.optim.AdamW(run.policy.parameters(), lr=1e-3, weight_decay=0.01)
+    distributed.load_sharded(a / "dcp", run.policy, run.optimizer)
+    _assert_same_weights({k: v for k, v in hf.state_dict().items()}, run.policy)
+    _update(run, _batch(GROUPS))
+    _assert_same_weights(two, run.policy)
+
+    b = tmp_path / "from1"
+    run = _run(_model(), spec)
+    _update(run, _batch(GROUPS))
+    distributed.save_sharded(b / "dcp", run.policy, run.optimizer)
+    _update(run, _batch(GROUPS))
+    spawn(_rank_main, 2, str(tmp_path / "w1.pt"), "load", str(b))
+    _assert_same_weights(torch.load(tmp_path / "w1.pt", weights_only=False)["weights"], run.policy)
