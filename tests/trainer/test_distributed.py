@@ -178,3 +178,49 @@ def test_two_rank_checkpoint_resumes_in_one_process_and_back(tmp_path):
     _update(run, _batch(GROUPS))
     spawn(_rank_main, 2, str(tmp_path / "w1.pt"), "load", str(b))
     _assert_same_weights(torch.load(tmp_path / "w1.pt", weights_only=False)["weights"], run.policy)
+
+
+def _collect_steps(run, p, steps=3) -> list[dict]:
+    from trainer.step import collect
+
+    out = []
+    for s in range(steps):
+        acc = collect(run, p, s)
+        out.append({"prompts": [ids[0] for ids in acc.batch.prompt_ids], "kept": acc.kept_groups,
+                    "rate": run.keep_rate_running, "cursor": run.stream.cursor})
+    return out
+
+
+def _collect_rank(r: int, ws: int, port: int, out: str) -> None:
+    from tests.trainer.test_collect import _run as collect_run
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(ws))
+    assert distributed.init_from_env()
+    try:
+        run, p = collect_run(keep=2, prompts=10)
+        run.train_ids = [[i + 1] for i in range(len(run.train_ids))]  # tell the prompts apart
+        mine = _collect_steps(run, p)
+        every = [None] * ws
+        torch.distributed.all_gather_object(every, mine)
+        if r == 0:
+            torch.save(every, out)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_collect_the_one_process_batch(tmp_path):
+    """Dynamic sampling on 2 ranks: each generates half the prompts; the kept counts, the keep
+    rate and the stream are global, so the ranks' batches joined are the one-process batch."""
+    from tests.trainer.test_collect import _run as collect_run
+
+    spawn(_collect_rank, 2, str(tmp_path / "c.pt"))
+    ranks = torch.load(tmp_path / "c.pt", weights_only=False)
+    run, p = collect_run(keep=2, prompts=10)
+    run.train_ids = [[i + 1] for i in range(len(run.train_ids))]
+    for step, want in enumerate(_collect_steps(run, p)):
+        r0, r1 = ranks[0][step], ranks[1][step]
+        assert r0["prompts"] and r1["prompts"]  # both ranks hold a share
+        # The same samples; a rank keeps its rounds together, so the order is rank, then round.
+        assert sorted(r0["prompts"] + r1["prompts"]) == sorted(want["prompts"])
+        for k in ("kept", "rate", "cursor"):
+            assert r0[k] == r1[k] == want[k], (step, k)
