@@ -106,6 +106,7 @@ def _rank_main(r: int, ws: int, port: int, out: str, mode: str = "update", ckpt:
         weights = distributed.full_state_dict(run.policy)
         if r == 0:
             torch.save({"stats": stats, "weights": {k: v.detach().clone() for k, v in weights.items()}}, out)
+        torch.distributed.barrier()  # leave together: a gloo peer torn down mid-exchange aborts
     finally:
         torch.distributed.destroy_process_group()
 
@@ -204,6 +205,7 @@ def _collect_rank(r: int, ws: int, port: int, out: str) -> None:
         torch.distributed.all_gather_object(every, mine)
         if r == 0:
             torch.save(every, out)
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 
