@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-# (rewards [S], group [S], token_weights [S] or None) -> advantages [S]
-AdvantageFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# (rewards [S], group [S], token_weights [S] or None, reduce or None) -> advantages [S]
+AdvantageFn = Callable[..., torch.Tensor]
 
 
 def _group_count_sum(values: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +42,8 @@ def group_baseline(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     return rewards - group_mean(rewards, group)
 
 
-def whiten(x: torch.Tensor, eps: float = 1e-6, weights: torch.Tensor | None = None) -> torch.Tensor:
+def whiten(x: torch.Tensor, eps: float = 1e-6, weights: torch.Tensor | None = None,
+           reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """(x - mean) / (std + eps) over the whole batch; zeros when the batch has no spread.
 
     Population std (no Bessel correction) so a batch of one is defined. A std at or below
@@ -50,31 +51,34 @@ def whiten(x: torch.Tensor, eps: float = 1e-6, weights: torch.Tensor | None = No
     otherwise turn an all-equal batch into O(1) advantages. With `weights` (each sample's
     response length) mean and std are over tokens, as OpenRLHF's `reinforce_baseline`:
     every token, not every sample, then has zero-mean unit-variance advantage.
+    `reduce` sums a tensor of partial sums over ranks (trainer/distributed.all_sum) when the
+    batch is split across processes; the moments are then the whole batch's.
     """
+    reduce = reduce or (lambda t: t)
     x = x.float()
-    if x.numel() == 0:
-        return x
     w = torch.ones_like(x) if weights is None else weights.float().clamp_min(0)
-    if float(w.sum()) <= 0:
+    total, wx = reduce(torch.stack([w.sum(), (w * x).sum()]).double())
+    if float(total) <= 0:
         return torch.zeros_like(x)
-    w = w / w.sum()
-    centred = x - (w * x).sum()
-    std = (w * centred.pow(2)).sum().sqrt()
+    centred = x - (wx / total).float()
+    std = (reduce((w * centred.pow(2)).sum().double()) / total).sqrt().float()
     if std <= eps:
         return torch.zeros_like(x)
     return centred / (std + eps)
 
 
 def reinforce_pp_baseline(rewards: torch.Tensor, group: torch.Tensor,
-                          token_weights: torch.Tensor | None = None) -> torch.Tensor:
+                          token_weights: torch.Tensor | None = None, reduce=None) -> torch.Tensor:
     """PAPER.md's default: group-mean baseline, then whitening over the global batch
-    (over samples, or over tokens when `token_weights` holds the response lengths)."""
-    return whiten(group_baseline(rewards, group), weights=token_weights)
+    (over samples, or over tokens when `token_weights` holds the response lengths; over
+    every rank's samples with `reduce`, see `whiten`)."""
+    return whiten(group_baseline(rewards, group), weights=token_weights, reduce=reduce)
 
 
 def grpo(rewards: torch.Tensor, group: torch.Tensor, token_weights: torch.Tensor | None = None,
-         eps: float = 1e-6) -> torch.Tensor:
-    """GRPO: (R - group mean) / (group std + eps). No batch whitening: `token_weights` unused.
+         reduce=None, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: (R - group mean) / (group std + eps). No batch whitening: `token_weights` and
+    `reduce` unused (a group is never split across ranks).
 
     The group std is the sample std (Bessel-corrected, as TRL and veRL compute it); a group
     of one sample has advantage 0 (its centred reward is 0 and its std is taken as 0).

@@ -159,6 +159,11 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
 
 def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
               stop_check: Callable[[], None] = never) -> Run:
+    if spec.resources.gpus_per_node > 1:
+        # The update, collect and checkpoints are rank-aware (trainer/distributed.py); building
+        # a sharded run and one engine per rank is not wired in yet (README, Many GPUs).
+        raise ValueError(f"resources.gpus_per_node: {spec.resources.gpus_per_node} is not runnable "
+                         "yet: a job trains as 1 process; use gpus_per_node: 1")
     torch.manual_seed(spec.seed)
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
     device = resolve_device()

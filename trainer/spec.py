@@ -302,6 +302,28 @@ class CheckpointSpec(_Frozen):
     keep_last: int = Field(3, ge=1, le=MAX_KEEP_LAST)
 
 
+MAX_GPUS_PER_NODE = 64
+
+
+class ResourcesSpec(_Frozen):
+    """What one job runs on: `gpus_per_node` trainer processes (ranks) on each of `nodes` nodes.
+
+    On a CPU worker each rank is one process (gloo); multi-node is designed (README, Many
+    GPUs) but does not run yet, so nodes > 1 is refused at submission.
+    """
+
+    gpus_per_node: int = Field(1, ge=1, le=MAX_GPUS_PER_NODE,
+                               description="Trainer processes (ranks), one per GPU, on the job's node.")
+    nodes: int = Field(1, ge=1, le=1024, description="Nodes; only 1 is supported so far.")
+
+    @model_validator(mode="after")
+    def _one_node(self) -> "ResourcesSpec":
+        if self.nodes > 1:
+            raise FieldError("resources.nodes", f"{self.nodes} nodes asked: multi-node is not yet "
+                             "supported, use nodes: 1 (README, Many GPUs)")
+        return self
+
+
 class LimitsSpec(_Frozen):
     max_wall_seconds: int = Field(86_400, ge=1, le=MAX_WALL_SECONDS)
     max_attempts: int = Field(3, ge=1, le=100)
@@ -324,6 +346,7 @@ class JobSpec(_Frozen):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
 
     @model_validator(mode="after")
     def _mini_batches_fit(self) -> "JobSpec":

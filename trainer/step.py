@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainer import distributed
 from trainer.run import Run
 from trainer.data import mix_seed
 from trainer.filtering import filter_rollouts, solve_fractions
@@ -54,11 +55,15 @@ class RoundCounts:
 
 def _generate_round(run: Run, plan: StagePlan, step: int, rnd: int, k: int) -> tuple[Rollouts, RoundCounts]:
     spec = run.spec
-    idx = run.stream.take(k)
+    # Every rank draws the same k prompts (the stream stays in step) and keeps its share:
+    # whole prompts, so a group is never split across ranks.
+    idx = distributed.share(run.stream.take(k))
+    if not idx:
+        return _empty_round()
     prompts = [run.train_ids[i] for i in idx]
+    seed = mix_seed(spec.seed, step, rnd, distributed.rank()) if distributed.active() else mix_seed(spec.seed, step, rnd)
     sampling = SamplingConfig(n=plan.n, max_new_tokens=spec.rollout.max_new_tokens,
-                              temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
-                              seed=mix_seed(spec.seed, step, rnd))
+                              temperature=spec.rollout.temperature, top_p=spec.rollout.top_p, seed=seed)
     t = time.perf_counter()
     gen = run.engine.generate(prompts, sampling)
     gen_s = time.perf_counter() - t
@@ -82,6 +87,14 @@ def _generate_round(run: Run, plan: StagePlan, step: int, rnd: int, k: int) -> t
                         engine_logprobs=gen.logprobs, group=group, rewards=rewards,
                         truncated=torch.tensor(truncated, dtype=torch.bool), correct=correct)
     return rollouts, counts
+
+
+def _empty_round() -> tuple[Rollouts, RoundCounts]:
+    """A rank whose share of a small round is no prompt."""
+    none = torch.zeros(0, dtype=torch.bool)
+    return (Rollouts(prompt_ids=[], response_ids=[], engine_logprobs=[], group=torch.zeros(0, dtype=torch.long),
+                     rewards=torch.zeros(0), truncated=none, correct=none),
+            RoundCounts(0, [], 0, 0, 0, 0, 0.0, 0.0))
 
 
 def _add(acc: Collected, rollouts: Rollouts, c: RoundCounts) -> None:
@@ -127,20 +140,25 @@ def collect(run: Run, plan: StagePlan, step: int) -> Collected:
         if not algo.dynamic_sampling:
             parts, have = [rollouts], plan.prompts_per_step
             break
-        kept, stats = filter_rollouts(rollouts)
+        kept, stats = filter_rollouts(rollouts) if len(rollouts) else (rollouts, {"kept_groups": 0})
+        # Many ranks: the counts are every rank's (the same decisions on each), and the first
+        # `deficit` kept groups in rank order are taken, as one process would take them.
+        kept_by_rank = distributed.all_gather_int(stats["kept_groups"])
+        groups = int(distributed.all_sum_floats([counts.groups])[0])
+        before = sum(kept_by_rank[:distributed.rank()])
         # Running keep rate of groups: a plain mean over the first rounds, then an EMA (so
         # one odd round does not swing the next ask, and the rate can follow training).
         run.keep_rounds_seen += 1
         w = max(1.0 / run.keep_rounds_seen, 0.3)
-        rate = stats["kept_groups"] / max(counts.groups, 1)
+        rate = sum(kept_by_rank) / max(groups, 1)
         run.keep_rate_running = (1 - w) * run.keep_rate_running + w * rate
-        if stats["kept_groups"]:
+        take = min(stats["kept_groups"], max(deficit - before, 0))
+        if take:
             kept.extras.pop("orig_group", None)
-            take = min(stats["kept_groups"], deficit)
             if take < stats["kept_groups"]:
                 kept = kept.select((kept.group < take).nonzero(as_tuple=True)[0])
             parts.append(kept)
-            have += take
+        have += min(sum(kept_by_rank), deficit)
         if have >= plan.prompts_per_step:
             break
     acc.kept_groups = have
@@ -157,13 +175,14 @@ def update(run: Run, batch: Rollouts, step: int) -> dict[str, float]:
     spec, algo = run.spec, run.spec.algo
     lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
     token_weights = lengths if algo.advantage_whitening == "token" else None
-    batch.advantages = run.advantage_fn(batch.rewards, batch.group, token_weights)
+    reduce = distributed.all_sum if distributed.active() else None
+    batch.advantages = run.advantage_fn(batch.rewards, batch.group, token_weights, reduce)
     temp = spec.rollout.temperature
     mbt, cd = run.micro_batch_tokens, run.compute_dtype
     cfg = run.update_cfg
     sp = cfg.shared_prefix
     gen = torch.Generator().manual_seed(mix_seed(spec.seed, step, 7919))
-    chunks = split_mini_batches(len(batch), algo.mini_batches, gen)
+    chunks = local_mini_batches(len(batch), algo.mini_batches, gen)
     # One mini-batch: old log-probs = the current ones, taken inside the update (no extra pass).
     old = None if len(chunks) == 1 else sequence_logprobs(
         run.policy, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd, shared_prefix=sp)
@@ -194,6 +213,19 @@ def split_mini_batches(n: int, mini_batches: int, gen: torch.Generator) -> list[
     return list(torch.tensor_split(torch.randperm(n, generator=gen), min(mini_batches, n)))
 
 
+def local_mini_batches(n: int, mini_batches: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """This rank's part of each mini-batch of the whole (all ranks') batch.
+
+    The whole batch is every rank's samples in rank order; it is split as one process would
+    split it (same generator), and each rank keeps the indices it holds (maybe none: it then
+    still joins the mini-batch's collectives). One process: `split_mini_batches`.
+    """
+    sizes = distributed.all_gather_int(n)
+    offset = sum(sizes[:distributed.rank()])
+    parts = split_mini_batches(sum(sizes), mini_batches, gen)
+    return [c[(c >= offset) & (c < offset + n)] - offset for c in parts]
+
+
 class NonFiniteError(RuntimeError):
     """Too many updates in a row with a non-finite loss or gradient."""
 
@@ -203,6 +235,22 @@ def _peak_mem_mb(device: torch.device) -> float:
         return torch.cuda.max_memory_allocated(device) / 2**20
     # CPU: the process's peak resident set so far (Linux reports KiB).
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _global_step_counts(acc: Collected, rewards: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
+    """Sums `acc`'s counts over ranks in place (generation and scoring times: the ranks'
+    mean, they run side by side); returns the whole step's sample statistics."""
+    r = rewards.double()
+    (acc.samples, acc.truncated, acc.groups, acc.all_correct, acc.all_wrong, n, s, sq, c,
+     length_sum, gen_s, score_s) = distributed.all_sum_floats(
+        [acc.samples, acc.truncated, acc.groups, acc.all_correct, acc.all_wrong, len(r), float(r.sum()),
+         float((r * r).sum()), float(correct.sum()), sum(acc.lengths), acc.gen_s, acc.score_s])
+    acc.gen_s, acc.score_s = gen_s / distributed.world_size(), score_s / distributed.world_size()
+    mean = s / max(n, 1)
+    return {"reward_mean": mean, "pass_rate": c / max(n, 1),
+            "reward_std": max((sq - n * mean * mean) / (n - 1), 0.0) ** 0.5 if n > 1 else 0.0,
+            "response_len_mean": length_sum / max(n, 1),
+            "response_len_max": max(distributed.all_gather_int(max(acc.lengths, default=0)))}
 
 
 UPDATE_KEYS = ("loss", "pg_clipfrac_low", "pg_clipfrac_high", "kl", "entropy", "is_ratio_mean",
@@ -222,7 +270,12 @@ def run_step(run: Run, plan: StagePlan, step: int) -> dict[str, float | int | No
 
     t = time.perf_counter()
     upd: dict[str, float | None] = dict.fromkeys(UPDATE_KEYS)
-    updated = acc.batch is not None and len(acc.batch) > 0
+    if acc.batch is None:
+        acc.batch = _empty_round()[0]
+    # Many ranks: all update or none (the update's collectives need every rank), even one
+    # whose share of the kept groups is empty.
+    kept = int(distributed.all_sum_floats([len(acc.batch)])[0])
+    updated = kept > 0
     if updated:  # else every prompt was filtered out: nothing to learn from this step
         run.policy.train()
         upd = update(run, acc.batch, step)
@@ -233,11 +286,14 @@ def run_step(run: Run, plan: StagePlan, step: int) -> dict[str, float | int | No
 
     rewards = torch.cat(acc.rewards)
     correct = torch.cat(acc.correct).float()
-    kept = len(acc.batch) if acc.batch is not None else 0
-    return {
-        "stage": plan.index, "n": plan.n, "prompts": plan.prompts_per_step, "lr": lr,
+    sample_stats = {
         "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
         "pass_rate": float(correct.mean()),
+        "response_len_mean": sum(acc.lengths) / len(acc.lengths), "response_len_max": max(acc.lengths),
+    } if not distributed.active() else _global_step_counts(acc, rewards, correct)  # all ranks' samples
+    return {
+        "stage": plan.index, "n": plan.n, "prompts": plan.prompts_per_step, "lr": lr,
+        **sample_stats,
         "frac_all_correct": acc.all_correct / max(acc.groups, 1),
         "frac_all_wrong": acc.all_wrong / max(acc.groups, 1),
         "keep_rate": kept / acc.samples, "refill_rounds": acc.rounds,
@@ -245,11 +301,10 @@ def run_step(run: Run, plan: StagePlan, step: int) -> dict[str, float | int | No
         "groups_shortfall": max(plan.prompts_per_step - acc.kept_groups, 0),
         "underfilled": int(acc.kept_groups < plan.prompts_per_step),
         "keep_rate_running": run.keep_rate_running,
-        "response_len_mean": sum(acc.lengths) / len(acc.lengths), "response_len_max": max(acc.lengths),
         "truncated_frac": acc.truncated / acc.samples,
         **upd,
         "weight_sync_s": sync_s, "gen_s": acc.gen_s, "score_s": acc.score_s, "train_s": train_s,
         "step_s": step_s, "samples_per_s": acc.samples / step_s,
-        "tokens_per_s": sum(acc.lengths) / step_s, "peak_mem_mb": _peak_mem_mb(run.device),
+        "tokens_per_s": sample_stats["response_len_mean"] * acc.samples / step_s, "peak_mem_mb": _peak_mem_mb(run.device),
         "samples": acc.samples,
     }

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from trainer import distributed
 from trainer.losses import (
     KL_ESTIMATORS,
     entropy_from_logits,
@@ -175,8 +176,12 @@ def _response_logits(model, batch: dict, temperature: float,
 
 def uses_shared_prefix(model, prompt_ids, enabled: bool = True) -> bool:
     """Whether the shared-prefix forward applies: asked for, prompts repeat, no checkpointing
-    (HF turns the key/value cache off under gradient checkpointing)."""
+    (HF turns the key/value cache off under gradient checkpointing), not sharded."""
     if not enabled or getattr(model, "is_gradient_checkpointing", False):
+        return False
+    # Sharded (FSDP2): one forward per micro-batch, so that ranks with fewer micro-batches can
+    # match the others' all-gathers with one zero-weight pass each (trainer/distributed.py).
+    if distributed.is_sharded(model):
         return False
     return len({tuple(p) for p in prompt_ids}) < len(prompt_ids)
 
@@ -294,6 +299,7 @@ def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_t
     logps: list[torch.Tensor] = [None] * len(prompt_ids)  # type: ignore[list-item]
     ents: list[torch.Tensor] = [None] * len(prompt_ids)  # type: ignore[list-item]
     chunks, shared = _chunks(model, prompt_ids, response_ids, max_tokens, shared_prefix)
+    pad = distributed.pad_count(model, len(chunks))  # before any forward: it is a collective too
     for chunk in chunks:
         logits, batch = _logits(model, prompt_ids, response_ids, chunk, temperature, compute_dtype, shared)
         lp = _token_logp(logits, batch["targets"]).cpu()
@@ -302,6 +308,8 @@ def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_t
             logps[i] = lp[row, :n].clone()
             if with_entropy:
                 ents[i] = ent[row, :n].clone()
+    for _ in range(pad):  # FSDP: the same number of forwards on every rank
+        distributed.dummy_pass(model, backward=False)
     return (logps, ents) if with_entropy else logps
 
 
@@ -347,6 +355,23 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
         }
 
 
+STAT_KEYS = ("loss", "pg_clipfrac_low", "pg_clipfrac_high", "kl", "entropy", "is_ratio_mean",
+             "is_truncated_frac")
+
+
+def _clip_grad_norm(params: list, max_norm: float | None) -> float:
+    """Global grad norm before clipping; clips to `max_norm` (None: no clipping). Sharded
+    (DTensor) gradients: the norm is reduced over ranks first, as torchtitan does."""
+    if not params:
+        return 0.0
+    total = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    if max_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return float(total)
+
+
 def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
                cfg: UpdateConfig, max_tokens: int) -> dict[str, float]:
     """One PPO optimizer step on a mini-batch, micro-batched; returns the step's statistics.
@@ -366,24 +391,29 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     """
     if minibatch.advantages is None:
         raise ValueError("minibatch.advantages is None: compute advantages before the update")
-    n_tokens = sum(len(r) for r in minibatch.response_ids)
-    totals: dict[str, float] = {}
+    # On many ranks the mini-batch is the union of every rank's share: its token count (the
+    # loss denominator) and the statistics are sums over ranks (trainer/distributed.py).
+    n_tokens = int(distributed.all_sum_floats([sum(len(r) for r in minibatch.response_ids)])[0])
+    totals = dict.fromkeys(STAT_KEYS, 0.0)
     chunks, shared = _chunks(model, minibatch.prompt_ids, minibatch.response_ids, max_tokens, cfg.shared_prefix)
+    pad = distributed.pad_count(model, len(chunks))  # before any forward: it is a collective too
     for chunk in chunks:
         for k, v in _micro_step(model, minibatch, chunk, old_logp, ref_logp, cfg, n_tokens, shared).items():
-            totals[k] = totals.get(k, 0.0) + v
+            totals[k] += v
+    for _ in range(pad):
+        distributed.dummy_pass(model, backward=True)
+    if distributed.active():
+        totals = dict(zip(STAT_KEYS, distributed.all_sum_floats([totals[k] for k in STAT_KEYS])))
 
-    params = [p for p in model.parameters() if p.grad is not None]
-    max_norm = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.tensor(0.0)
-    finite = math.isfinite(totals.get("loss", 0.0)) and math.isfinite(float(grad_norm))
+    grad_norm = _clip_grad_norm([p for p in model.parameters() if p.grad is not None], cfg.grad_clip)
+    finite = math.isfinite(totals["loss"]) and math.isfinite(grad_norm)
     if finite:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
     denom = max(n_tokens, 1)
     stats = {k: (v if k == "loss" else v / denom) for k, v in totals.items()}
-    stats["grad_norm"] = float(grad_norm)
+    stats["grad_norm"] = grad_norm
     stats["skipped"] = 0.0 if finite else 1.0
     stats["n_tokens"] = n_tokens
     return stats

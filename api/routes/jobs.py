@@ -60,6 +60,11 @@ def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant
                idempotency_key: IdempotencyKey = None) -> JobPublic:
     """Submit a training job; 201 with the queued job."""
     check_model_path(spec.model.path, settings)
+    if spec.resources.gpus_per_node > 1:
+        # The trainer's distributed update exists (trainer/distributed.py) but no worker starts
+        # it under torchrun yet: refuse rather than run the job on one process silently.
+        raise field_error("resources.gpus_per_node", f"{spec.resources.gpus_per_node} asked: this "
+                          "deployment's workers run a job as 1 process (README, Many GPUs)")
     over_quota = job_quota_error(session, settings, tenant.id)
     dataset = spec.task.dataset
     if dataset is not None and datasets.get_dataset(session, tenant.id, dataset.id) is None:

@@ -39,6 +39,9 @@ def test_oversized_json_body_is_413_before_parsing(client, auth):
      "task.reasoning_gym.config"),
     ({"checkpoint": {"every": 1, "keep_last": 10**40}}, "checkpoint.keep_last"),
     ({"limits": {"max_wall_seconds": 10**12}}, "limits.max_wall_seconds"),
+    ({"resources": {"gpus_per_node": 1000}}, "resources.gpus_per_node"),
+    ({"resources": {"nodes": 2}}, "resources.nodes"),  # multi-node: designed, not yet run
+    ({"resources": {"gpus_per_node": 2}}, "resources.gpus_per_node"),  # no worker runs it yet
 ])
 def test_lists_strings_and_numbers_in_the_spec_are_bounded(client, auth, section, field):
     assert_error(client.post("/v1/jobs", json=make_spec(**section), headers=auth), 422,

@@ -91,3 +91,15 @@ def test_committed_json_schema_is_current():
 
     committed = json.loads((Path(__file__).parents[2] / "docs" / "jobspec.schema.json").read_text())
     assert committed == json_schema(), "regenerate with: brorl schema -o docs/jobspec.schema.json"
+
+
+def test_resources_defaults_bounds_and_one_node():
+    s = make()
+    assert (s.resources.gpus_per_node, s.resources.nodes) == (1, 1)
+    assert make(resources={"gpus_per_node": 4}).resources.gpus_per_node == 4
+    assert field_of({"name": "t", "task": RG, "resources": {"gpus_per_node": 0}}) == ["resources.gpus_per_node"]
+    assert field_of({"name": "t", "task": RG, "resources": {"gpus_per_node": 65}}) == ["resources.gpus_per_node"]
+    with pytest.raises(ValidationError) as exc:
+        make(resources={"nodes": 2})
+    [err] = spec_errors(exc.value)
+    assert err["field"] == "resources.nodes" and "multi-node is not yet supported" in err["message"]
