@@ -1,7 +1,8 @@
 """When does broadening pay? (issue 12, items 1-2): the measured regime and the theory map.
 
     .venv/bin/python bench/broadening.py theory     # token-level simulation map, ~1-3 min
-    .venv/bin/python bench/broadening.py measure --difficulty hard [--seeds 0,1,2] [--budget 8192]
+    .venv/bin/python bench/broadening.py measure --difficulty hard [--seeds 0,1,2] [--budget 16384]
+    .venv/bin/python bench/broadening.py broaden --difficulty hard   # after measure: one rollout.broaden job
     .venv/bin/python bench/broadening.py plot       # the map: measured next to the theory
 
 `theory`: trainer/simulate.py (the paper's section 4.1 setting) with the correct tokens' initial
@@ -10,10 +11,14 @@ N in --ns, `--steps` AdamW steps; the gain is Q_pos(N) - Q_pos(16) at the end, b
 steps (the paper's Figure 3 protocol) and at equal samples (N = 16 runs N_large/16 x the steps).
 `measure`: builtin:tiny on reasoning-gym chain_sum at a --difficulty (open question space, eval
 disjoint from training; base spec examples/chain_sum.yaml with the HF engine): (a) N = 16 x 32
-prompts until eval pass@1 plateaus (bench/replicate.py's rule), then (b) from that checkpoint,
-per seed, N = 16, 128 and 512 at equal samples per step (512: 32, 4 and 1 prompts, so the same lr)
-until each has generated --budget samples. Held-out pass@1/pass@k, keep rate, all-wrong fraction,
-samples and seconds per arm, mean and spread over seeds (bench/replicate.py's summary).
+prompts until eval pass@1 plateaus (bench/replicate.py's rule), then a probe of that checkpoint
+with 512 samples per eval prompt (pass@1..512: is what N = 16 misses solvable?), then (b) from
+that checkpoint, per seed, N = 16, 128 and 512 at equal samples per step (--samples-per-step
+1024: 64, 8 and 2 prompts, so the same lr under the sqrt rule) until each has generated --budget
+samples. Held-out pass@1/pass@k, keep rate, all-wrong fraction, samples and seconds per arm,
+mean and spread over seeds (bench/replicate.py's summary).
+`broaden`: a fourth arm from the same checkpoint that uses `rollout.broaden`: N = 16 at the
+arms' samples per step, widened x8 (same samples per step) once eval pass@1 stops rising.
 Writes bench/out/broadening/{theory.json, <difficulty>/summary.json, ..., map.png}.
 """
 from __future__ import annotations
@@ -61,25 +66,53 @@ def theory(args) -> None:
     print_table(rows, list(rows[0]), 4)
 
 
+def probe_child(cfg: dict) -> None:
+    """Child: pass@k with many samples per eval prompt at a checkpoint (is the task solvable?)."""
+    import torch
+
+    from common import emit_result, make_spec
+    from trainer.evaluate import evaluate_checkpoint
+
+    torch.set_num_threads(cfg["threads"])
+    spec = make_spec(load_base(cfg["spec"]), {"eval": {"samples_per_prompt": cfg["samples"], "k": cfg["k"]}})
+    emit_result(evaluate_checkpoint(spec, Path(cfg["checkpoint"])))
+
+
+def probe(args, spec_path: Path, checkpoint: str) -> dict:
+    """eval pass@1..512 at the plateau: 1 - pass@k is the expected share of eval prompts all-wrong at k."""
+    from common import run_child
+
+    ks = [k for k in (1, 4, 16, 64, 128, 512) if k <= args.probe_samples]
+    cfg = {"spec": str(spec_path), "checkpoint": checkpoint, "samples": args.probe_samples, "k": ks,
+           "threads": args.threads}
+    res = run_child([__file__, "--probe-child", json.dumps(cfg)], timeout=args.timeout,
+                    env={"OMP_NUM_THREADS": str(args.threads)})
+    print("plateau probe: " + ", ".join(f"pass@{k} {res[f'eval/pass@{k}']:.3f}" for k in ks), flush=True)
+    return res
+
+
 def measure(args) -> None:
     import replicate as rep
 
     base = load_base(BASE)
-    spec_path = args.out / args.difficulty / "spec.json"
+    out = args.out / args.difficulty
+    spec_path = out / "spec.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     base["rollout"]["engine"] = "hf"
     base["task"]["reasoning_gym"]["config"] = DIFFICULTY[args.difficulty]
     base["eval"].update({"every": 5, "temperature": 1.0, "k": [1, 4, 16], "samples_per_prompt": 16})
     base["task"]["reasoning_gym"]["eval_size"] = args.eval_size
     spec_path.write_text(json.dumps(base))
-    ns = SimpleNamespace(spec=spec_path, threads=args.threads, timeout=args.timeout, out=args.out / args.difficulty,
+    ns = SimpleNamespace(spec=spec_path, threads=args.threads, timeout=args.timeout, out=out,
                          n_small=16, a_prompts=32, a_max_steps=args.a_max_steps, a_eval_every=5,
                          a_min_steps=10, a_patience=2, a_min_delta=0.02, budget=args.budget)
     a = rep.phase_a(ns, base)
-    (ns.out / "phase_a.json").write_text(json.dumps(a, indent=1))
+    a["probe"] = probe(args, spec_path, a["checkpoint"])
+    (out / "phase_a.json").write_text(json.dumps(a, indent=1))
     arms = []
     for n in args.arms:
-        prompts = max(1, 512 // n)
+        # Equal samples per step (so the same lr under the sqrt rule) and equal samples in all.
+        prompts = max(1, args.samples_per_step // n)
         steps = math.ceil(args.budget / (n * prompts))
         every = max(1, steps // 4)
         arms.append({"arm": f"N={n}", "n": n, "prompts_per_step": prompts, "samples_per_step": n * prompts,
@@ -87,14 +120,44 @@ def measure(args) -> None:
     runs = [(arm, seed, rep.phase_b(ns, arm, seed, a["checkpoint"])) for seed in args.seeds for arm in arms]
     evals, steps = rep.tables(runs)
     summary = rep.summarise(arms, evals, steps)
-    write_csv(ns.out / "evals.csv", evals)
-    write_csv(ns.out / "steps.csv", steps)
-    (ns.out / "summary.json").write_text(json.dumps({"difficulty": args.difficulty, "config": DIFFICULTY[args.difficulty],
-                                                    "budget": args.budget, "seeds": args.seeds,
-                                                    "phase_a": {k: v for k, v in a.items() if k != "evals"},
-                                                    "phase_a_evals": a.get("evals"), "arms": summary}, indent=1))
+    write_csv(out / "evals.csv", evals)
+    write_csv(out / "steps.csv", steps)
+    (out / "summary.json").write_text(json.dumps({"difficulty": args.difficulty, "config": DIFFICULTY[args.difficulty],
+                                                 "budget": args.budget, "seeds": args.seeds,
+                                                 "phase_a": {k: v for k, v in a.items() if k != "evals"},
+                                                 "phase_a_evals": a.get("evals"), "arms": summary}, indent=1))
     print_table(summary, ["arm", "eval/pass@1 start", "eval/pass@1 end", "eval/pass@1 end std",
                           "eval/pass@16 end", "keep_rate", "frac_all_wrong", "samples mean", "step_time_s mean"], 3)
+
+
+def broaden_run(args) -> None:
+    """`rollout.broaden` as a fourth arm: from the plateau checkpoint, N = 16 at the arms' samples
+    per step, and the rule widens N by `--broaden-factor` (keeping the samples per step) once eval
+    pass@1 has not risen by 0.02 over 2 evaluations; the same sample budget as the other arms."""
+    import replicate as rep
+
+    out = args.out / args.difficulty
+    a = json.loads((out / "phase_a.json").read_text())
+    prompts = args.samples_per_step // 16
+    steps = math.ceil(args.budget / args.samples_per_step)
+    every = max(1, steps // 4)
+    over = {"model": {"path": a["checkpoint"]},
+            "rollout": {"schedule": [{"n": 16, "prompts_per_step": prompts, "steps": steps}],
+                        "broaden": {"patience": 2, "min_delta": 0.02, "factor": args.broaden_factor,
+                                    "max_n": 16 * args.broaden_factor, "prompts": "keep_samples"}},
+            "eval": {"every": every}, "checkpoint": {"every": 0, "keep_last": 1}}
+    ns = SimpleNamespace(spec=out / "spec.json", threads=args.threads, timeout=args.timeout)
+    rows = []
+    for seed in args.seeds:
+        res = rep.launch(ns, {**over, "seed": seed}, {"kind": "budget", "budget": args.budget},
+                         out / "work" / f"broaden-seed{seed}")
+        rows += [{"seed": seed, **{k: v for k, v in r.items() if k.startswith("eval/") or k in
+                  ("step", "cum_samples", "cum_train_s", "n", "stage", "keep_rate", "frac_all_wrong")}}
+                 for r in res["rows"]]
+        ev = [r for r in res["rows"] if "eval/pass@1" in r]
+        print(f"broaden seed {seed}: " + " -> ".join(f"{r['step']}:{r['eval/pass@1']:.3f}(N={r.get('n', '?')})"
+                                                   for r in ev), flush=True)
+    write_csv(out / "broaden.csv", rows)
 
 
 def plot(args) -> None:
@@ -130,7 +193,9 @@ def plot(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["theory", "measure", "plot"])
+    if len(sys.argv) == 3 and sys.argv[1] == "--probe-child":
+        return probe_child(json.loads(sys.argv[2]))
+    ap.add_argument("what", choices=["theory", "measure", "broaden", "plot"])
     ap.add_argument("--out", type=Path, default=OUT / "broadening")
     ap.add_argument("--logits", type=lambda s: [float(x) for x in s.split(",")], default=[-2.0, 0.0, 1.5, 3.0])
     ap.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",")], default=[16, 128, 512])
@@ -138,13 +203,16 @@ def main() -> None:
     ap.add_argument("--difficulty", choices=list(DIFFICULTY), default="hard")
     ap.add_argument("--arms", type=lambda s: [int(x) for x in s.split(",")], default=[16, 128, 512])
     ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
-    ap.add_argument("--budget", type=int, default=8192, help="generated samples per continuation")
+    ap.add_argument("--budget", type=int, default=16384, help="generated samples per continuation")
+    ap.add_argument("--samples-per-step", type=int, default=1024, help="every arm's (N x prompts)")
+    ap.add_argument("--probe-samples", type=int, default=512, help="samples per eval prompt at the plateau")
+    ap.add_argument("--broaden-factor", type=int, default=8)
     ap.add_argument("--a-max-steps", type=int, default=60)
     ap.add_argument("--eval-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=3600)
     args = ap.parse_args()
-    {"theory": theory, "measure": measure, "plot": plot}[args.what](args)
+    {"theory": theory, "measure": measure, "broaden": broaden_run, "plot": plot}[args.what](args)
 
 
 if __name__ == "__main__":
