@@ -13,13 +13,19 @@ from rich.table import Table
 console = Console()
 
 
-def _load(spec_path: Path):
+def _load(spec_path: Path, **resources: int):
+    """The spec at `spec_path` (with `resources` fields overridden), or exit 2 naming each error."""
     from pydantic import ValidationError
 
-    from trainer.spec import load_spec, spec_errors
+    from trainer.spec import JobSpec, load_spec, spec_errors
 
     try:
-        return load_spec(spec_path)
+        spec = load_spec(spec_path)
+        if resources:
+            data = spec.model_dump(mode="json")
+            data["resources"].update(resources)
+            spec = JobSpec.model_validate(data)
+        return spec
     except ValidationError as exc:
         for e in spec_errors(exc):
             console.print(f"[red]{spec_path}: {e['field']}: {e['message']}[/red]")
@@ -49,6 +55,8 @@ def train(
     out: Path = typer.Option(Path("runs/local"), "--out", "-o", help="Output folder (metrics, checkpoints)."),
     dataset: Optional[Path] = typer.Option(None, help="JSONL file for a `task.dataset` spec."),
     resume: bool = typer.Option(False, help="Continue from the newest checkpoint in --out."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
+                                        help="Ranks (one per GPU) under torchrun; sets resources.gpus_per_node."),
 ) -> None:
     """Train locally: rich progress, metrics appended to OUT/metrics.jsonl, checkpoints in OUT."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -57,7 +65,7 @@ def train(
     from trainer.loop import train as run_train
     from trainer.sink import JsonlSink
 
-    spec = _load(spec_path)
+    spec = _load(spec_path, **({"gpus_per_node": nproc} if nproc else {}))
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(spec.model_dump_json(indent=1))
     start = checkpoint.latest(out) if resume else None

@@ -4,7 +4,9 @@ Layout of `<out_dir>/checkpoints/step-00000012/`:
   config.json, model.safetensors, tokenizer files, generation_config.json   (loads unchanged in
                                       transformers' from_pretrained and vllm.LLM)
   trainer_state/state.json            step, stage, data cursor, reference step, spec hash
-  trainer_state/optimizer.pt          AdamW state
+  trainer_state/optimizer.pt          AdamW state (one process)
+  trainer_state/dcp/                  instead, when saved by many ranks: the sharded weights and AdamW
+                                      state (torch.distributed.checkpoint; resumes on any rank count)
   trainer_state/rng.pt                torch / python / numpy RNG states
   trainer_state/ref.safetensors       the KL reference weights (only when they differ from the policy)
   manifest.json                       sha256 and size of every file above
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
-from trainer import ckpt_format
+from trainer import ckpt_format, distributed
 from trainer.ckpt_format import CheckpointError, list_checkpoints, verify  # noqa: F401 - re-exported
 
 PREFIX = ckpt_format.PREFIX
@@ -63,12 +65,21 @@ def checkpoints_dir(out_dir: Path) -> Path:
 
 
 def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, ref_model) -> tuple[int, str]:
-    policy.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    """Every rank writes its shards; rank 0 the rest (other ranks return (0, ""))."""
+    sharded = distributed.is_sharded(policy)
+    if sharded:
+        distributed.save_sharded(tmp / "trainer_state" / "dcp", policy, optimizer)
+        distributed.save_consolidated(tmp, policy, tokenizer)  # gathered; written by rank 0
+        if distributed.rank() != 0:
+            return 0, ""
+    else:
+        policy.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
     ts = tmp / "trainer_state"
-    ts.mkdir()
+    ts.mkdir(exist_ok=True)
     (ts / "state.json").write_text(json.dumps(asdict(state), indent=1))
-    torch.save(optimizer.state_dict(), ts / "optimizer.pt")
+    if not sharded:
+        torch.save(optimizer.state_dict(), ts / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
                 "numpy": np.random.get_state()}, ts / "rng.pt")
     if ref_model is not None and state.ref_step != state.step:
@@ -86,18 +97,25 @@ def save(out_dir: Path, state: TrainerState, policy, tokenizer, optimizer, ref_m
     """
     root = checkpoints_dir(out_dir)
     final = root / ckpt_format.folder_name(state.step)
-    tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    # Many ranks write into one folder: rank 0 names it, creates it and renames it at the end.
+    tmp = root / f".tmp-{final.name}-{distributed.from_rank0(uuid.uuid4().hex[:8])}"
+    lead = distributed.rank() == 0
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        if lead:
+            (tmp / "trainer_state").mkdir(parents=True)
+        distributed.barrier()
         nbytes, digest = _write_folder(tmp, state, policy, tokenizer, optimizer, ref_model)
-        if final.exists():  # a re-run of the same step after a resume: replace it
-            shutil.rmtree(final)
-        tmp.rename(final)
+        distributed.barrier()
+        if lead:
+            if final.exists():  # a re-run of the same step after a resume: replace it
+                shutil.rmtree(final)
+            tmp.rename(final)
     except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write the checkpoint of step {state.step}: "
                               f"{_reason(exc)}") from exc
-    if keep_last is not None:
+    nbytes, digest = distributed.from_rank0((nbytes, digest))
+    if keep_last is not None and lead:
         prune(root, keep_last)
     return SavedCheckpoint(state.step, final, nbytes, digest)
 
@@ -121,16 +139,23 @@ def latest(out_dir: Path) -> Path | None:
     found = list_checkpoints(checkpoints_dir(out_dir))
     return found[-1] if found else None
 
-def load_state(folder: Path, optimizer, ref_model) -> TrainerState:
+def load_state(folder: Path, optimizer, ref_model, policy=None) -> TrainerState:
     """Verify `folder`, restore optimizer, RNG and reference weights; return the counters.
 
-    The policy weights themselves are loaded by `from_pretrained(folder)` before this call.
+    The policy weights themselves are loaded by `from_pretrained(folder)` before this call
+    (and sharded, on many ranks). A checkpoint of many ranks (`dcp/`) reshards into this run,
+    one process included; a one-process `optimizer.pt` is split over the ranks.
     """
     folder = Path(folder)
     verify(folder)
     ts = folder / "trainer_state"
     state = TrainerState(**json.loads((ts / "state.json").read_text()))
-    optimizer.load_state_dict(torch.load(ts / "optimizer.pt", weights_only=False))
+    if (ts / "dcp").is_dir():
+        distributed.load_sharded(ts / "dcp", policy, optimizer)
+    elif distributed.is_sharded(policy):
+        distributed.load_full_optimizer(policy, optimizer, torch.load(ts / "optimizer.pt", weights_only=False))
+    else:
+        optimizer.load_state_dict(torch.load(ts / "optimizer.pt", weights_only=False))
     rng = torch.load(ts / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])

@@ -45,6 +45,32 @@ def init_from_env(device: torch.device | None = None) -> bool:
     return True
 
 
+def launched_as_rank() -> bool:
+    """This process is one of torchrun's ranks (WORLD_SIZE > 1), whether or not it has joined."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def any_true(flag: bool) -> bool:
+    """True on every rank when it is true on any (a stop agreed at a step boundary)."""
+    if not active():
+        return bool(flag)
+    return all_sum_floats([float(bool(flag))])[0] > 0
+
+
+def from_rank0(obj):
+    """Rank 0's `obj` on every rank (any picklable object)."""
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
 def all_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum of `t` over ranks (a new tensor; `t` itself in one process)."""
     if not active():
@@ -166,6 +192,17 @@ def load_sharded(folder, model, optimizer) -> None:
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=str(folder), no_dist=not active())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def load_full_optimizer(model, optimizer, state: dict) -> None:
+    """A one-process `optimizer.state_dict()` (parameters by index, in `model.parameters()`
+    order) into this rank's optimizer over the sharded `model` (each rank keeps its shard)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = [n for n, _ in model.named_parameters()]
+    full = {"state": {names[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
 
 
 def save_consolidated(folder, model, tokenizer=None) -> None:

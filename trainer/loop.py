@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trainer import checkpoint
+from trainer import checkpoint, distributed
 from trainer.run import RESUMED_COUNTERS, Run, build_run
 from trainer.data import mix_seed
 from trainer.evaluate import EvalContext, evaluate
@@ -21,7 +21,7 @@ from trainer.schedule import broaden, stage_for_step, stage_warning
 from trainer.sink import MetricsSink
 from trainer.spec import JobSpec
 from trainer.step import run_step
-from trainer.stop import StopRequested, stop_check
+from trainer.stop import StopRequested, never, stop_check
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ def _evaluate(run: Run, sink: MetricsSink, step: int) -> dict[str, float]:
     run.stop_check()
     ctx = EvalContext(run.engine, run.tokenizer, run.scorer, run.task.eval, run.eval_ids)
     values = evaluate(ctx, run.spec, seed=mix_seed(run.spec.seed, 104729))  # same draws each time
+    values = distributed.from_rank0(values)  # the ranks' engines agree; one figure is reported
     sink.event("eval", {"step": step, **values})
     return values
 
@@ -55,7 +56,8 @@ def _checkpoint(run: Run, sink: MetricsSink, step: int) -> Path:
     saved = checkpoint.save(run.out_dir, run.state, run.policy, run.tokenizer, run.optimizer, run.ref)
     sink.checkpoint(step, saved.path, saved.nbytes, saved.sha256)
     # Prune after the sink recorded the new one: a listed checkpoint is never missing its files.
-    checkpoint.prune(checkpoint.checkpoints_dir(run.out_dir), run.spec.checkpoint.keep_last)
+    if distributed.rank() == 0:
+        checkpoint.prune(checkpoint.checkpoints_dir(run.out_dir), run.spec.checkpoint.keep_last)
     return saved.path
 
 
@@ -117,9 +119,17 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
 
     Steps are counted from 1: metrics row `s` describes the s-th update; checkpoint `s` holds the
     weights after it. `resume` is a checkpoint folder of the same spec. `on_step` is an optional
-    progress callback (the CLI's progress bar).
+    progress callback (the CLI's progress bar). `resources.gpus_per_node` > 1 runs the job on
+    that many ranks under torchrun (`trainer.launch`); each rank then comes back here.
     """
-    check = stop_check(should_stop)
+    if spec.resources.gpus_per_node > 1 and not distributed.launched_as_rank():
+        from trainer.launch import train_distributed
+
+        return train_distributed(spec, sink, should_stop, resume, out_dir=Path(out_dir),
+                                 dataset_path=dataset_path, on_step=on_step)
+    # On ranks a stop is agreed at step boundaries only: one rank leaving a phase early would
+    # leave the others waiting in a collective (the launcher kills ranks after a grace period).
+    check = never if distributed.active() else stop_check(should_stop)
     try:
         run = build_run(spec, Path(out_dir), resume, dataset_path, check)
     except StopRequested:  # during the warm start of builtin:tiny
@@ -133,7 +143,7 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
             sink.metrics(0, {**last_eval, "stage": 0, "n": run.plans[0].n})
             _maybe_broaden(run, sink, 0, last_eval)
         while done < total:
-            if should_stop():
+            if distributed.any_true(should_stop()):
                 stopped = True
                 break
             step = done + 1
@@ -157,7 +167,7 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
             # Reset the reference before checkpointing so that a checkpoint holds the state after
             # the whole step (a resume then never has to replay the reset).
             if run.ref is not None and _due(spec.algo.ref_reset_every or 0, step):
-                run.ref.load_state_dict(run.policy.state_dict())
+                run.ref.load_state_dict(distributed.full_state_dict(run.policy))
                 run.state.ref_step = step
             if _due(spec.checkpoint.every, step) or step == total:
                 last_ckpt = _checkpoint(run, sink, step)

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from trainer import checkpoint
+from trainer import checkpoint, distributed
 from trainer.data import PromptStream
 from trainer.engines import make_engine
 from trainer.models import compute_dtype, load_policy, resolve_device
@@ -132,8 +132,10 @@ def warm_start_probe(task: Task, size: int = WARM_PROBE_SIZE) -> list:
     return probe
 
 
-def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Callable[[], None]) -> Path:
-    """Build (or reuse) the built-in tiny model, warm-started on this task's training split."""
+def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Callable[[], None],
+                    **build: object) -> Path:
+    """Build (or reuse) the built-in tiny model, warm-started on this task's training split
+    (`build`: build_tiny_model's knobs, e.g. a test's shorter warm start)."""
     from trainer.tiny_model import ensure_tiny_model
 
     key = tiny_model_key(spec)
@@ -148,7 +150,7 @@ def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Calla
         return scorer.score(completions, exs, [False] * len(exs)).correct
 
     return ensure_tiny_model(cache_dir() / "models", key, seed=spec.seed, sft_pairs=pairs,
-                             score_fn=score_fn, probe_prompts=probe_prompts, stop_check=stop_check)
+                             score_fn=score_fn, probe_prompts=probe_prompts, stop_check=stop_check, **build)
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -159,11 +161,8 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
 
 def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
               stop_check: Callable[[], None] = never) -> Run:
-    if spec.resources.gpus_per_node > 1:
-        # The update, collect and checkpoints are rank-aware (trainer/distributed.py); building
-        # a sharded run and one engine per rank is not wired in yet (README, Many GPUs).
-        raise ValueError(f"resources.gpus_per_node: {spec.resources.gpus_per_node} is not runnable "
-                         "yet: a job trains as 1 process; use gpus_per_node: 1")
+    """Everything the loop needs. On torchrun's ranks (trainer/launch.py joined the process
+    group first) the policy is sharded with FSDP2 and each rank's engine holds a whole copy."""
     torch.manual_seed(spec.seed)
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
     device = resolve_device()
@@ -181,15 +180,21 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     ref = None
     if spec.algo.kl_coef > 0:
         # The reference is never trained: it may live in the compute dtype (half the memory).
+        # On many ranks each holds a whole copy (sharding it too is a later step, README).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
+    engine_model = policy
+    if distributed.active():
+        # The rollout engine keeps a whole float32 copy, refreshed from the gathered weights.
+        engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        distributed.shard_policy(policy, cdtype)
     plans = replan(spec, [])
     optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr, device_dtype=cdtype)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
                                     spec_sha256=spec_sha256(spec))
     if resume:
-        state = checkpoint.load_state(Path(resume), optimizer, ref)
+        state = checkpoint.load_state(Path(resume), optimizer, ref, policy)
         if ref is not None and not (Path(resume) / "trainer_state" / "ref.safetensors").is_file():
-            ref.load_state_dict(policy.state_dict())  # reference == policy at that step
+            ref.load_state_dict(distributed.full_state_dict(policy))  # reference == policy at that step
         plans = replan(spec, state.broaden_starts)
 
     template = spec.task.prompt_template
@@ -198,10 +203,12 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     max_prompt = max(len(p) for p in train_ids + eval_ids)
     max_len = max_prompt + spec.rollout.max_new_tokens
     widest = widest_samples(spec)
-    engine = make_engine(spec.rollout.engine, source, policy, tokenizer, dtype=spec.model.dtype,
+    engine = make_engine(spec.rollout.engine, source, engine_model, tokenizer, dtype=spec.model.dtype,
                          seed=spec.seed, max_model_len=max_len,
                          max_num_seqs=max(widest, len(eval_ids) * spec.eval.samples_per_prompt))
     mbt = spec.algo.micro_batch_tokens
+    if engine_model is not policy:
+        engine.sync_weights(policy)  # a resume restored the sharded weights from dcp/
     micro = auto_micro_batch_tokens(policy, max_len) if mbt == "auto" else int(mbt)
     return Run(spec=spec, out_dir=Path(out_dir), device=device, task=task, model_dir=model_dir,
                tokenizer=tokenizer, policy=policy, ref=ref, optimizer=optimizer, engine=engine,

@@ -52,3 +52,47 @@ class JsonlSink:
     def checkpoint(self, step, path, nbytes, sha256):
         self.event("checkpoint_saved", {"step": step, "path": str(path), "bytes": nbytes, "sha256": sha256})
 
+
+
+class RecordSink:
+    """Every call as one JSON line in `path`, for a process that relays them to the real sink
+    (a rank's metrics reach the worker's database sink through `trainer.launch`)."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "a", buffering=1)
+
+    def metrics(self, step, values):
+        self._write({"call": "metrics", "step": step, "values": values})
+
+    def event(self, type, data):
+        self._write({"call": "event", "type": type, "data": data})
+
+    def checkpoint(self, step, path, nbytes, sha256):
+        self._write({"call": "checkpoint", "step": step, "path": str(path), "nbytes": nbytes, "sha256": sha256})
+
+    def _write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+
+
+class NullSink:
+    """What ranks other than 0 report to: nothing (rank 0 reports the job's figures)."""
+
+    def metrics(self, step, values):
+        pass
+
+    def event(self, type, data):
+        pass
+
+    def checkpoint(self, step, path, nbytes, sha256):
+        pass
+
+
+def replay(record: dict[str, Any], sink: MetricsSink) -> None:
+    """One `RecordSink` line into `sink`."""
+    call = record["call"]
+    if call == "metrics":
+        sink.metrics(record["step"], record["values"])
+    elif call == "event":
+        sink.event(record["type"], record["data"])
+    else:
+        sink.checkpoint(record["step"], Path(record["path"]), record["nbytes"], record["sha256"])

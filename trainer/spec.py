@@ -308,8 +308,9 @@ MAX_GPUS_PER_NODE = 64
 class ResourcesSpec(_Frozen):
     """What one job runs on: `gpus_per_node` trainer processes (ranks) on each of `nodes` nodes.
 
-    On a CPU worker each rank is one process (gloo); multi-node is designed (README, Many
-    GPUs) but does not run yet, so nodes > 1 is refused at submission.
+    gpus_per_node > 1 runs the job under torchrun on that many ranks of one node, the policy
+    sharded with FSDP2 (on a CPU worker each rank is one process, gloo); multi-node is designed
+    (README, Many GPUs) but does not run yet, so nodes > 1 is refused at submission.
     """
 
     gpus_per_node: int = Field(1, ge=1, le=MAX_GPUS_PER_NODE,
@@ -347,6 +348,15 @@ class JobSpec(_Frozen):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+
+    @model_validator(mode="after")
+    def _ranks_use_plain_adamw(self) -> "JobSpec":
+        if self.resources.gpus_per_node > 1 and self.optim.optimizer_state != "fp32":
+            raise FieldError("optim.optimizer_state",
+                             f"{self.optim.optimizer_state} is not supported on many ranks "
+                             f"(resources.gpus_per_node {self.resources.gpus_per_node}): FSDP2 shards the "
+                             "fp32 AdamW state over the ranks instead; use fp32")
+        return self
 
     @model_validator(mode="after")
     def _mini_batches_fit(self) -> "JobSpec":

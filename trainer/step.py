@@ -37,6 +37,7 @@ class Collected:
     kept_groups: int = 0
     gen_s: float = 0.0
     score_s: float = 0.0
+    positions: torch.Tensor | None = None        # each sample's place in the one-process batch
 
 
 @dataclass
@@ -130,6 +131,7 @@ def collect(run: Run, plan: StagePlan, step: int) -> Collected:
     acc = Collected(batch=None)
     algo = run.spec.algo
     parts, have = [], 0
+    kept_sizes = []  # samples this rank keeps from each round (0 too: the ranks' rounds align)
     for rnd in range(algo.max_refill_rounds + 1):
         deficit = plan.prompts_per_step - have
         ask = prompts_to_ask(deficit, run.keep_rate_running, algo.max_oversample) \
@@ -138,7 +140,7 @@ def collect(run: Run, plan: StagePlan, step: int) -> Collected:
         _add(acc, rollouts, counts)
         acc.rounds = rnd
         if not algo.dynamic_sampling:
-            parts, have = [rollouts], plan.prompts_per_step
+            parts, have, kept_sizes = [rollouts], plan.prompts_per_step, [len(rollouts)]
             break
         kept, stats = filter_rollouts(rollouts) if len(rollouts) else (rollouts, {"kept_groups": 0})
         # Many ranks: the counts are every rank's (the same decisions on each), and the first
@@ -158,15 +160,31 @@ def collect(run: Run, plan: StagePlan, step: int) -> Collected:
             if take < stats["kept_groups"]:
                 kept = kept.select((kept.group < take).nonzero(as_tuple=True)[0])
             parts.append(kept)
+        kept_sizes.append(len(kept) if take else 0)
         have += min(sum(kept_by_rank), deficit)
         if have >= plan.prompts_per_step:
             break
     acc.kept_groups = have
     acc.batch = concat_rollouts(parts) if parts else None
+    acc.positions = one_process_positions(kept_sizes)
     return acc
 
 
-def update(run: Run, batch: Rollouts, step: int) -> dict[str, float]:
+def one_process_positions(kept_sizes: list[int]) -> torch.Tensor | None:
+    """Where this rank's samples sit in the batch one process would have built: rounds in
+    order, within a round rank 0's kept groups first (None in one process)."""
+    if not distributed.active():
+        return None
+    out, base = [], 0
+    for n in kept_sizes:  # every rank has the same number of rounds (the loop is global)
+        sizes = distributed.all_gather_int(n)
+        start = base + sum(sizes[:distributed.rank()])
+        out.append(torch.arange(start, start + n))
+        base += sum(sizes)
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def update(run: Run, batch: Rollouts, step: int, positions: torch.Tensor | None = None) -> dict[str, float]:
     """Advantages, then `mini_batches` PPO updates over the batch (micro-batched backward).
 
     The batch is split into exactly min(mini_batches, len(batch)) mini-batches whose sizes
@@ -182,7 +200,7 @@ def update(run: Run, batch: Rollouts, step: int) -> dict[str, float]:
     cfg = run.update_cfg
     sp = cfg.shared_prefix
     gen = torch.Generator().manual_seed(mix_seed(spec.seed, step, 7919))
-    chunks = local_mini_batches(len(batch), algo.mini_batches, gen)
+    chunks = local_mini_batches(len(batch), algo.mini_batches, gen, positions)
     # One mini-batch: old log-probs = the current ones, taken inside the update (no extra pass).
     old = None if len(chunks) == 1 else sequence_logprobs(
         run.policy, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd, shared_prefix=sp)
@@ -213,17 +231,24 @@ def split_mini_batches(n: int, mini_batches: int, gen: torch.Generator) -> list[
     return list(torch.tensor_split(torch.randperm(n, generator=gen), min(mini_batches, n)))
 
 
-def local_mini_batches(n: int, mini_batches: int, gen: torch.Generator) -> list[torch.Tensor]:
+def local_mini_batches(n: int, mini_batches: int, gen: torch.Generator,
+                       positions: torch.Tensor | None = None) -> list[torch.Tensor]:
     """This rank's part of each mini-batch of the whole (all ranks') batch.
 
-    The whole batch is every rank's samples in rank order; it is split as one process would
-    split it (same generator), and each rank keeps the indices it holds (maybe none: it then
-    still joins the mini-batch's collectives). One process: `split_mini_batches`.
+    The whole batch is split as one process would split it (same generator), and each rank
+    keeps the indices it holds, in the same order (maybe none: it then still joins the
+    mini-batch's collectives). `positions`: each local sample's place in the one-process batch
+    (`one_process_positions`; default: every rank's samples in rank order).
     """
     sizes = distributed.all_gather_int(n)
-    offset = sum(sizes[:distributed.rank()])
-    parts = split_mini_batches(sum(sizes), mini_batches, gen)
-    return [c[(c >= offset) & (c < offset + n)] - offset for c in parts]
+    total = sum(sizes)
+    if positions is None:
+        offset = sum(sizes[:distributed.rank()])
+        positions = torch.arange(offset, offset + n)
+    local = torch.full((total,), -1, dtype=torch.long)
+    local[positions] = torch.arange(n)
+    parts = [local[c] for c in split_mini_batches(total, mini_batches, gen)]
+    return [c[c >= 0] for c in parts]
 
 
 class NonFiniteError(RuntimeError):
@@ -278,7 +303,7 @@ def run_step(run: Run, plan: StagePlan, step: int) -> dict[str, float | int | No
     updated = kept > 0
     if updated:  # else every prompt was filtered out: nothing to learn from this step
         run.policy.train()
-        upd = update(run, acc.batch, step)
+        upd = update(run, acc.batch, step, acc.positions)
         run.policy.eval()
     train_s = time.perf_counter() - t
     sync_s = run.engine.sync_weights(run.policy) if updated else 0.0

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from trainer.distributed import full_state_dict
 from trainer.engines.base import WeightSyncError
 from trainer.update import autocast
 from trainer.rollouts import Generation, SamplingConfig
@@ -73,7 +74,7 @@ class HFEngine:
         if model is self.model:
             return 0.0
         t0 = time.perf_counter()
-        src = model.state_dict()
+        src = full_state_dict(model)  # gathered when `model` is sharded over ranks
         self.model.load_state_dict(src)
         dst = self.model.state_dict()
         for k, v in src.items():

@@ -39,6 +39,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
 
+from trainer.distributed import full_state_dict  # noqa: E402
 from trainer.engines.base import (WeightSyncError, logprob_tolerance, probe_tokens,  # noqa: E402
                                   trainer_token_logprobs)
 from trainer.rollouts import Generation, SamplingConfig  # noqa: E402
@@ -182,7 +183,7 @@ class VLLMEngine:
         """Load `model`'s weights into the engine, reset the prefix cache, verify."""
         t0 = time.perf_counter()
         # The trainer's float32 master weights go over in the engine's dtype (bf16 on a GPU).
-        state = {k: v.detach().to(_DTYPES[self.dtype]) for k, v in model.state_dict().items()}
+        state = {k: v.detach().to(_DTYPES[self.dtype]) for k, v in full_state_dict(model).items()}
         self._load(state)
         self.llm.reset_prefix_cache()
         self.verify(model)

@@ -1,0 +1,52 @@
+"""What torchrun runs on each rank: `python -m trainer.rank_main <control folder>`.
+
+Joins the process group, then runs the ordinary `trainer.loop.train` on the spec in
+`job.json`: rank 0 reports to `sink.jsonl`, the others to nothing; all stop when the launcher
+writes `stop`. See `trainer.launch` for the folder's other files.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from trainer import distributed
+from trainer.sink import NullSink, RecordSink
+
+
+def main(control: Path) -> int:
+    from trainer.loop import train
+    from trainer.models import resolve_device
+    from trainer.spec import JobSpec
+
+    job = json.loads((control / "job.json").read_text())
+    distributed.init_from_env(resolve_device())
+    rank = distributed.rank()
+    stop_file = control / "stop"
+    try:
+        spec = JobSpec.model_validate(job["spec"])
+        sink = RecordSink(control / "sink.jsonl") if rank == 0 else NullSink()
+        result = train(spec, sink, stop_file.exists, resume=Path(job["resume"]) if job["resume"] else None,
+                       out_dir=Path(job["out_dir"]),
+                       dataset_path=Path(job["dataset_path"]) if job["dataset_path"] else None)
+        if rank == 0:
+            last = result.last_checkpoint
+            (control / "result.json").write_text(json.dumps({
+                "steps_completed": result.steps_completed, "stopped": result.stopped,
+                "last_eval": result.last_eval, "last_checkpoint": str(last) if last else None}))
+        distributed.barrier()  # leave together: a gloo peer torn down mid-exchange aborts
+    except Exception as exc:  # noqa: BLE001 - reported to the launcher, which fails the job
+        traceback.print_exc()
+        (control / f"error-{rank}.json").write_text(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+        return 1
+    finally:
+        if distributed.active():
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
