@@ -77,6 +77,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "accept_content": ["json"],
         "task_default_queue": GPU_QUEUE,
         "task_routes": {
+            # Only a default: `send_job` names the queue of the job's GPU count, which wins.
             RUN_JOB_TASK: {"queue": GPU_QUEUE},
             REAP_TASK: {"queue": MAINTENANCE_QUEUE},
         },
