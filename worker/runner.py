@@ -19,9 +19,10 @@ be tested without a broker. One run, top to bottom:
    written the rows it buffered during a database outage. An exception marked
    `retryable = True` (a fault of the machine, e.g. `trainer.launch.RankDied` when a rank of
    a many-GPU job dies) is not the job's fault: below `limits.max_attempts` the job is
-   queued again (`store.jobs.retry_or_fail`) and enqueued on the queue of its GPU count. A fenced run writes
-   nothing: the job is no longer ours. A run stopped because the worker is shutting down
-   writes nothing either: the lease runs out and the reaper requeues the job.
+   queued again (`store.jobs.retry_or_fail`) and enqueued on the queue of its GPU count.
+   A fenced run writes nothing: the job is no longer ours. A run stopped because the
+   worker is shutting down writes nothing either: the lease runs out and the reaper
+   requeues the job.
 """
 from __future__ import annotations
 
@@ -295,7 +296,8 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
     except Exception as exc:  # noqa: BLE001 - any trainer error fails the job, not the worker
         if state.fenced:
             return None
-        log.exception("job %s failed", job_id)
+        retryable = getattr(exc, "retryable", False)  # the machine's fault, not the job's
+        log.exception("job %s %s", job_id, "hit a machine fault" if retryable else "failed")
         if not isinstance(exc, (SinkBufferFull, DatabaseUnavailable)):
             try:
                 sink.flush()  # the steps before the error still count
@@ -303,7 +305,7 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
                 return None
             except DatabaseUnavailable:
                 log.error("job %s: its last metric rows were not written", job_id)
-        if getattr(exc, "retryable", False):  # the machine's fault, not the job's
+        if retryable:
             return _retry_or_fail(job_id, attempt, user_message(exc),
                                   spec.resources.gpus_per_node, enqueue)
         return _finish(job_id, attempt, "failed", user_message(exc))  # traceback: logged above only

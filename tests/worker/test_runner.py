@@ -184,7 +184,8 @@ def test_a_machine_fault_requeues_the_job_on_its_queue(new_job):
     sent = Sent()
     assert runner.run_job(job_id, enqueue=sent) == "queued"
     job = job_row(job_id)
-    assert (job.status, job.attempt, job.lease_owner, job.error) == (JobStatus.queued, 1, None, None)
+    assert (job.status, job.attempt, job.lease_owner, job.error) == (
+        JobStatus.queued, 1, None, None)
     assert sent == [(job_id, "gpu-2")]
     assert metric_steps(job_id) == [1]  # the steps before the fault were flushed
     (retried,) = [d for t, d in events(job_id) if t == "retried"]
