@@ -51,7 +51,8 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
                stream_poll_seconds: float | None = None) -> FastAPI:
     """Build the API for `settings` (default: from the `BRORL_*` environment).
 
-    `enqueue` sends a committed job id to the workers (default: Celery, by task name);
+    `enqueue(job_id, gpus=G)` sends a committed job id to the workers (default: Celery, by
+    task name, to the queue of G-GPU workers);
     tests pass a recorder. `stream_poll_seconds` is how often the metrics stream polls
     (default: `settings.stream_poll_seconds` if the settings have one, else 1 s).
     """
@@ -67,7 +68,8 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     )
     app.state.settings = settings
     app.state.sessionmaker = get_sessionmaker(settings.database_url)
-    app.state.enqueue = enqueue or celery_enqueue(settings)
+    # `is None`, not `or`: a recorder that is an (empty, so falsy) list is still an enqueue.
+    app.state.enqueue = enqueue if enqueue is not None else celery_enqueue(settings)
     app.state.auth_cache = {}  # api.deps: key hash -> (valid until, tenant)
     app.state.stream_slots = StreamSlots()
     app.state.stream_poll_seconds = (

@@ -16,8 +16,8 @@ request, so a revoked key stops working within that time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -97,11 +97,16 @@ async def get_current_tenant(
 
 TenantDep = Annotated[Tenant, Depends(get_current_tenant)]
 
-Enqueue = Callable[[str], None]
+class Enqueue(Protocol):
+    """`enqueue(job_id, gpus=G)` sends the job to the queue of G-GPU workers (the same shape
+    as `worker.celery_app.Enqueue`, repeated here so that importing the API imports no Celery)."""
+
+    def __call__(self, job_id: str, gpus: int = 1) -> None: ...
 
 
 def celery_enqueue(settings: Settings) -> Enqueue:
-    """An enqueue function sending to the broker of `settings`, by task name, queue `gpu`.
+    """An enqueue function sending to the broker of `settings`, by task name, to the queue of
+    the job's GPU count (`worker.celery_app.queue_for`).
 
     `worker.celery_app.enqueue_job` uses the process-wide settings; an app built with other
     settings (`brorl up --data-dir`, tests) must reach *its* broker, so a Celery app bound to
@@ -109,14 +114,13 @@ def celery_enqueue(settings: Settings) -> Enqueue:
     """
     cache: dict[str, object] = {}
 
-    def enqueue(job_id: str) -> None:
+    def enqueue(job_id: str, gpus: int = 1) -> None:
         from worker import celery_app
 
         celery = cache.get("app")
         if celery is None:
             celery = cache["app"] = celery_app.make_app(settings)
-        celery.send_task(celery_app.RUN_JOB_TASK, args=[job_id],  # type: ignore[attr-defined]
-                         queue=celery_app.GPU_QUEUE)
+        celery_app.send_job(celery, job_id, gpus)  # type: ignore[arg-type]
 
     return enqueue
 

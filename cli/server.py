@@ -1,7 +1,9 @@
 """`brorl` commands that run the service: up, demo, worker, migrate, keys create|list|revoke.
 
 `brorl up` is the embedded default: SQLite for the database and the Celery broker (files in
-the data dir), the API (uvicorn) and one worker as child processes, no server to install.
+the data dir), the API (uvicorn) and one worker as child processes, no server to install. That
+one worker serves the queue of every GPU count in BRORL_GPU_COUNTS: on one machine it runs a
+G-GPU job itself (the trainer starts its G ranks), one job at a time.
 Each child runs in its own session (process group) so that Ctrl-C reaches only `brorl up`,
 which then stops both children itself: SIGTERM, a bounded wait, SIGKILL to the group (which
 also takes the worker's embedded beat process).
@@ -70,6 +72,26 @@ def ensure_local_key(data_dir: Path) -> tuple[str, bool]:
         fh.write(key + "\n")
     os.replace(tmp, path)
     return key, True
+
+
+def worker_queues(queues: str | None, gpus: int | None) -> str:
+    """The queues `brorl worker` serves: `--queues` as given plus the queue of `--gpus G`
+    (`gpu`, the 1-GPU queue, when neither is given)."""
+    from worker.celery_app import queue_for
+
+    names = [q for q in (queues or "").split(",") if q]
+    if gpus is not None:
+        names.append(queue_for(gpus))
+    return ",".join(dict.fromkeys(names)) or queue_for(1)
+
+
+def up_worker_command(settings) -> list[str]:
+    """`brorl up`'s worker: the reaper's beat, and the queue of every served GPU count (the
+    API accepts exactly those counts, so no job it accepts waits on a queue nobody serves)."""
+    from worker.celery_app import queue_for
+
+    queues = ",".join(queue_for(g) for g in settings.gpu_counts)
+    return [sys.executable, "-m", "cli.main", "worker", "--beat", "--queues", queues]
 
 
 def worker_argv(queues: str, beat: bool, pool: str, concurrency: int, loglevel: str) -> list[str]:
@@ -198,7 +220,7 @@ def _up(host: str, port: int, data_dir: Optional[Path], stop_timeout: float) -> 
     # `kill -USR1 <pid>` prints where every thread of `brorl up` is (for a stop that hangs).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     procs = {"api": _spawn(api_argv)}
-    procs["worker"] = _spawn([sys.executable, "-m", "cli.main", "worker", "--beat"])
+    procs["worker"] = _spawn(up_worker_command(settings))
     return supervise(procs, stop_timeout)
 
 
@@ -275,18 +297,23 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(code)
 
     @app.command()
-    def worker(queues: str = typer.Option("gpu", "--queues", "-Q"),
+    def worker(queues: Optional[str] = typer.Option(
+                   None, "--queues", "-Q", help="Comma list of queues (default: gpu)."),
+               gpus: Optional[int] = typer.Option(
+                   None, "--gpus", min=1, help="Serve jobs asking for this many GPUs "
+                   "(queue gpu for 1, gpu-G otherwise); added to --queues."),
                beat: bool = typer.Option(False, "--beat", "-B",
                                          help="Also run the reaper's schedule (one per deployment!)."),
                pool: str = typer.Option("solo", "--pool", help="solo | prefork"),
                concurrency: int = typer.Option(1, "--concurrency", "-c"),
                loglevel: str = typer.Option("INFO", "--loglevel")):
-        """Run a Celery worker for training jobs (queue gpu, one job at a time)."""
+        """Run a Celery worker for training jobs (queue gpu, or --gpus G's; one job at a time)."""
         from store.settings import get_settings
         from worker.celery_app import app as celery_app
 
         get_settings()  # creates the data dir (the beat schedule file lives there)
-        celery_app.worker_main(worker_argv(queues, beat, pool, concurrency, loglevel))
+        celery_app.worker_main(worker_argv(worker_queues(queues, gpus), beat, pool, concurrency,
+                                           loglevel))
 
     @app.command()
     def migrate():

@@ -29,6 +29,22 @@ def get_job_unscoped(s: Session, job_id: str) -> Job | None:
     """Any tenant's job: for the worker and the reaper, never for API lookups."""
     return s.get(Job, job_id, populate_existing=True)
 
+
+def spec_gpus(spec: Any) -> int:
+    """`resources.gpus_per_node` of a stored spec (1 when absent: specs stored before jobs
+    could ask for more)."""
+    resources = spec.get("resources") if isinstance(spec, dict) else None
+    value = resources.get("gpus_per_node") if isinstance(resources, dict) else None
+    return int(value) if value else 1
+
+
+def job_gpus(s: Session, job_ids: list[str]) -> dict[str, int]:
+    """job id -> the GPU count its spec asks for, which picks its queue (worker and reaper)."""
+    if not job_ids:
+        return {}
+    rows = s.execute(select(Job.id, Job.spec).where(Job.id.in_(job_ids)))
+    return {job_id: spec_gpus(spec) for job_id, spec in rows}
+
 def list_jobs(
     s: Session,
     tenant_id: int,

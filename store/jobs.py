@@ -30,6 +30,7 @@ from store.job_queries import (  # re-exported: store.jobs is the one entry poin
     get_checkpoint,
     get_job,
     get_job_unscoped,
+    job_gpus,
     latest_checkpoint,
     list_checkpoints,
     list_events,
@@ -52,9 +53,9 @@ from store.models import (
 
 __all__ = [
     "Claim", "add_event", "claim", "count_jobs_by_status", "create_job", "finish",
-    "get_checkpoint", "get_job", "get_job_unscoped", "heartbeat", "latest_checkpoint",
+    "get_checkpoint", "get_job", "get_job_unscoped", "heartbeat", "job_gpus", "latest_checkpoint",
     "list_checkpoints", "list_events", "list_jobs", "list_metrics", "reap_expired",
-    "record_checkpoint", "record_metrics", "request_cancel", "spec_hash",
+    "record_checkpoint", "record_metrics", "request_cancel", "retry_or_fail", "spec_hash",
 ]
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -354,6 +355,30 @@ def finish(
         payload["error"] = error
     _event(s, job_id, EventType(status.value), **payload)
     return status
+
+
+def retry_or_fail(s: Session, job_id: str, attempt: int, error: str) -> bool:
+    """End an attempt that a fault of the machine stopped (a rank died), not one of the job.
+
+    Below spec.limits.max_attempts the job goes back to queued with its lease released (event
+    `retried`, as the reaper writes, carrying the error) and True is returned: the caller
+    commits, then enqueues it again. At the limit it fails with `error` (False); a job whose
+    cancel was requested is cancelled instead (False). Fenced like `finish`: raises Fenced
+    when `attempt` no longer owns the job. `attempt` stays: the next claim bumps it.
+    """
+    # The first fenced UPDATE row-locks the job (Postgres): nobody moves it under us.
+    cancel_requested = _fenced_update(s, job_id, attempt)
+    if cancel_requested:
+        finish(s, job_id, attempt, JobStatus.cancelled, data={"reason": error})
+        return False
+    spec = s.scalar(select(Job.spec).where(Job.id == job_id))
+    if attempt >= _max_attempts(spec):
+        finish(s, job_id, attempt, JobStatus.failed, error=error)
+        return False
+    _fenced_update(s, job_id, attempt, status=JobStatus.queued, lease_owner=None,
+                   lease_expires_at=None)
+    _event(s, job_id, EventType.retried, attempt=attempt, reason="machine fault", error=error)
+    return True
 
 
 def _max_attempts(spec: dict[str, Any]) -> int:

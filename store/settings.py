@@ -11,10 +11,10 @@ import os
 import socket
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MIB = 1024 * 1024
 DEFAULT_DATA_DIR = Path("~/.brorl")
@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     # Dotted "module:function" the worker calls as train(spec, sink, should_stop, resume);
     # tests point it at a double.
     trainer_entrypoint: str = "trainer:train"
+    # The GPU counts this deployment's workers serve, e.g. "1,2" (env: a comma list): a job
+    # asking for another `resources.gpus_per_node` is a 422, since no worker would take it.
+    # Each count has its own queue (worker.celery_app.queue_for); `brorl up` serves them all.
+    # NoDecode: the env value is the comma list itself, not JSON.
+    gpu_counts: Annotated[tuple[int, ...], NoDecode] = (1,)
 
     # --- API hardening (api/guards.py, api/ratelimit.py, api/quotas.py; README "Limits").
     # A JSON body (a job spec) larger than this is a 413 before it is parsed.
@@ -109,6 +114,24 @@ class Settings(BaseSettings):
             Path(artifact_dir).expanduser() if artifact_dir else data_dir / "artifacts"
         )
         return data
+
+    @field_validator("gpu_counts", mode="before")
+    @classmethod
+    def _parse_gpu_counts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            items = value.split(",")
+        else:
+            items = [value] if isinstance(value, int) else list(value)
+        counts = []
+        for item in items:
+            text = str(item).strip()
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(f"BRORL_GPU_COUNTS must list positive whole numbers like "
+                                 f"'1,2'; got {value!r}")
+            counts.append(int(text))
+        if not counts:
+            raise ValueError("BRORL_GPU_COUNTS lists no GPU count; the default is '1'")
+        return tuple(sorted(set(counts)))
 
     def model_root_paths(self) -> list[Path]:
         return [Path(p).expanduser() for p in self.model_roots.split(os.pathsep) if p.strip()]

@@ -1,5 +1,9 @@
 """The Celery app: configuration from the settings, task routing and `enqueue_job`.
 
+One queue per GPU count (`queue_for`): a job asking for G GPUs goes to queue `gpu-G` (`gpu`
+for one), and only a worker that holds G GPUs serves that queue, so a job never lands on a
+machine too small for it and a 1-GPU worker is never blocked by a message it cannot run.
+
 The API imports this module to enqueue by task name, so it must stay light: no torch, no
 trainer internals, and not even `worker.tasks` (the worker imports that through `include`).
 The database is the truth about a job; a Celery message is only a trigger that says "look at
@@ -21,7 +25,7 @@ Visibility timeout vs lease (read this before changing either number):
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from celery import Celery
 
@@ -33,6 +37,20 @@ GPU_QUEUE = "gpu"
 # The reaper runs on its own queue so that a CPU-only process (compose's `reaper` service)
 # can serve it while every GPU worker is busy with a long training task.
 MAINTENANCE_QUEUE = "maintenance"
+
+
+class Enqueue(Protocol):
+    """Sends "run job X" to the queue of its GPU count (call after the job row is committed)."""
+
+    def __call__(self, job_id: str, gpus: int = 1) -> None: ...
+
+
+def queue_for(gpus: int) -> str:
+    """The queue of jobs asking for `gpus` GPUs: `gpu` for one (the queue's name before jobs
+    could ask for more, so existing workers keep serving it), `gpu-<G>` otherwise."""
+    if gpus < 1:
+        raise ValueError(f"a job needs at least 1 GPU, got {gpus}")
+    return GPU_QUEUE if gpus == 1 else f"{GPU_QUEUE}-{gpus}"
 
 
 def _is_redis(url: str) -> bool:
@@ -59,6 +77,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "accept_content": ["json"],
         "task_default_queue": GPU_QUEUE,
         "task_routes": {
+            # Only a default: `send_job` names the queue of the job's GPU count, which wins.
             RUN_JOB_TASK: {"queue": GPU_QUEUE},
             REAP_TASK: {"queue": MAINTENANCE_QUEUE},
         },
@@ -97,6 +116,11 @@ def make_app(settings: Settings | None = None) -> Celery:
 app = make_app()
 
 
-def enqueue_job(job_id: str) -> None:
-    """Ask a GPU worker to run job `job_id` (call after the job row is committed)."""
-    app.send_task(RUN_JOB_TASK, args=[job_id], queue=GPU_QUEUE)
+def send_job(celery: Celery, job_id: str, gpus: int = 1) -> None:
+    """Send "run job `job_id`" through `celery` to the queue of its GPU count."""
+    celery.send_task(RUN_JOB_TASK, args=[job_id], queue=queue_for(gpus))
+
+
+def enqueue_job(job_id: str, gpus: int = 1) -> None:
+    """Ask a worker with `gpus` GPUs to run job `job_id` (call after the job row is committed)."""
+    send_job(app, job_id, gpus)

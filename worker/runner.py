@@ -16,9 +16,13 @@ be tested without a broker. One run, top to bottom:
 4. finish: succeeded (cancelled if a cancel was requested meanwhile), cancelled (stopped by
    a cancel), or failed (an exception, with a `failed` event carrying a user message; the
    traceback goes to the worker log only, or the wall-clock limit), after the sink has
-   written the rows it buffered during a database outage. A fenced run writes
-   nothing: the job is no longer ours. A run stopped because the worker is shutting down
-   writes nothing either: the lease runs out and the reaper requeues the job.
+   written the rows it buffered during a database outage. An exception marked
+   `retryable = True` (a fault of the machine, e.g. `trainer.launch.RankDied` when a rank of
+   a many-GPU job dies) is not the job's fault: below `limits.max_attempts` the job is
+   queued again (`store.jobs.retry_or_fail`) and enqueued on the queue of its GPU count.
+   A fenced run writes nothing: the job is no longer ours. A run stopped because the
+   worker is shutting down writes nothing either: the lease runs out and the reaper
+   requeues the job.
 """
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ from store.model_policy import model_path_problem
 from store.models import Checkpoint
 from store.settings import Settings, get_settings
 from trainer import ckpt_format
+from worker import celery_app
+from worker.celery_app import Enqueue
 from worker.messages import user_message
 from worker.sink import DatabaseUnavailable, DbSink, SinkBufferFull
 
@@ -198,11 +204,48 @@ def _finish(job_id: str, attempt: int, status: str, error: str | None = None) ->
         return None
 
 
-def run_job(job_id: str, settings: Settings | None = None) -> str | None:
-    """Run job `job_id` if it can be claimed; returns the final status, None if not ours."""
+def _settings_enqueue(settings: Settings) -> Enqueue:
+    """Enqueue through a Celery app bound to `settings`: the broker this worker serves, also
+    when a caller (a test, an embedded stack) runs a job with settings of its own."""
+
+    def enqueue(job_id: str, gpus: int = 1) -> None:
+        celery_app.send_job(celery_app.make_app(settings), job_id, gpus)
+
+    return enqueue
+
+
+def _retry_or_fail(job_id: str, attempt: int, error: str, gpus: int,
+                   enqueue: Enqueue) -> str | None:
+    """A machine fault: requeue (and enqueue on the job's queue) or fail past max_attempts;
+    returns the status written, None when fenced or the database is unreachable."""
+    try:
+        with session_scope() as s:
+            requeued = jobs.retry_or_fail(s, job_id, attempt, error)
+            status = "queued" if requeued else jobs.get_job_unscoped(s, job_id).status.value
+    except Fenced:
+        log.warning("job %s attempt %s fenced before it could be retried", job_id, attempt)
+        return None
+    except OperationalError:
+        log.error("job %s attempt %s: database unreachable, could not retry it (%s); the "
+                  "reaper will once its lease expires", job_id, attempt, error)
+        return None
+    if requeued:
+        try:
+            enqueue(job_id, gpus=gpus)
+        except Exception:  # noqa: BLE001 - it stays queued; the reaper enqueues it again
+            log.exception("job %s requeued but not enqueued; the reaper will", job_id)
+    return status
+
+
+def run_job(job_id: str, settings: Settings | None = None,
+            enqueue: Enqueue | None = None) -> str | None:
+    """Run job `job_id` if it can be claimed; returns the final status ("queued" when a
+    machine fault sent it back), None if not ours. `enqueue` re-sends a job requeued after a
+    machine fault (default: to the broker of `settings`)."""
     from trainer.spec import JobSpec  # light (pydantic only), but keeps import time down
 
     settings = settings or get_settings()
+    enqueue = enqueue if enqueue is not None else _settings_enqueue(settings)
     with session_scope() as s:
         claim = jobs.claim(s, job_id, settings.worker_id, settings.lease_seconds)
     if claim is None:
@@ -226,13 +269,14 @@ def run_job(job_id: str, settings: Settings | None = None) -> str | None:
     heartbeat = Heartbeat(job_id, attempt, settings, state)
     heartbeat.start()
     try:
-        return _train_and_record(job_id, attempt, claim.tenant_id, spec, settings, state)
+        return _train_and_record(job_id, attempt, claim.tenant_id, spec, settings, state,
+                                 enqueue)
     finally:
         heartbeat.stop()
 
 
 def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
-                      settings: Settings, state: StopState) -> str | None:
+                      settings: Settings, state: StopState, enqueue: Enqueue) -> str | None:
     def on_fenced() -> None:
         state.fenced = True
 
@@ -252,7 +296,8 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
     except Exception as exc:  # noqa: BLE001 - any trainer error fails the job, not the worker
         if state.fenced:
             return None
-        log.exception("job %s failed", job_id)
+        retryable = getattr(exc, "retryable", False)  # the machine's fault, not the job's
+        log.exception("job %s %s", job_id, "hit a machine fault" if retryable else "failed")
         if not isinstance(exc, (SinkBufferFull, DatabaseUnavailable)):
             try:
                 sink.flush()  # the steps before the error still count
@@ -260,6 +305,9 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
                 return None
             except DatabaseUnavailable:
                 log.error("job %s: its last metric rows were not written", job_id)
+        if retryable:
+            return _retry_or_fail(job_id, attempt, user_message(exc),
+                                  spec.resources.gpus_per_node, enqueue)
         return _finish(job_id, attempt, "failed", user_message(exc))  # traceback: logged above only
     if state.fenced:
         return None
@@ -275,18 +323,20 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
     return _finish(job_id, attempt, "succeeded")
 
 
-def reap_and_requeue(enqueue: Callable[[str], None]) -> list[str]:
+def reap_and_requeue(enqueue: Enqueue) -> list[str]:
     """Requeue (or fail, past max_attempts: the store decides) jobs whose lease expired, and
-    enqueue again queued jobs nobody claimed for `requeue_queued_after_seconds`."""
+    enqueue again queued jobs nobody claimed for `requeue_queued_after_seconds`; each goes to
+    the queue of its own GPU count."""
     settings = get_settings()
     with session_scope() as s:
         job_ids = list(jobs.reap_expired(s))
         stale = jobs.stale_queued(s, settings.requeue_queued_after_seconds)
+        gpus = jobs.job_gpus(s, job_ids + stale)
     for job_id in job_ids:
         log.warning("lease of job %s expired; requeueing", job_id)
-        enqueue(job_id)
+        enqueue(job_id, gpus=gpus.get(job_id, 1))
     for job_id in stale:
         log.warning("job %s queued for over %ss without a claim; enqueueing again",
                     job_id, settings.requeue_queued_after_seconds)
-        enqueue(job_id)
+        enqueue(job_id, gpus=gpus.get(job_id, 1))
     return job_ids + stale

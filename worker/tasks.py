@@ -20,7 +20,9 @@ from worker.celery_app import REAP_TASK, RUN_JOB_TASK, app, enqueue_job
 # crash mid-job leaves the message to be redelivered, so they stay visible next to the task.
 @app.task(name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_job(job_id: str) -> str | None:
-    return runner.run_job(job_id)
+    # This process's app, bound to the broker it serves: a job a machine fault sent back
+    # goes out again from here, to the queue of its GPU count.
+    return runner.run_job(job_id, enqueue=enqueue_job)
 
 
 @app.task(name=REAP_TASK, ignore_result=True)

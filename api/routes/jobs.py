@@ -1,7 +1,8 @@
 """Jobs: create (with Idempotency-Key), list, show, cancel.
 
 Creating a job is: validate the spec (FastAPI does it against `JobSpec`; the dataset's owner
-is checked here), insert the row, COMMIT, and only then enqueue the id by task name. The
+and the GPU count are checked here), insert the row, COMMIT, and only then enqueue the id by
+task name on the queue of its GPU count. The
 order matters: a worker that got the message before the commit would find no job. If the
 broker is down the enqueue fails after the commit; the job then stays queued, the request
 still answers 201 (the job exists, and the database is the truth), and the error is logged.
@@ -60,11 +61,12 @@ def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant
                idempotency_key: IdempotencyKey = None) -> JobPublic:
     """Submit a training job; 201 with the queued job."""
     check_model_path(spec.model.path, settings)
-    if spec.resources.gpus_per_node > 1:
-        # The trainer's distributed update exists (trainer/distributed.py) but no worker starts
-        # it under torchrun yet: refuse rather than run the job on one process silently.
-        raise field_error("resources.gpus_per_node", f"{spec.resources.gpus_per_node} asked: this "
-                          "deployment's workers run a job as 1 process (README, Many GPUs)")
+    gpus = spec.resources.gpus_per_node
+    if gpus not in settings.gpu_counts:
+        # Each GPU count has its own queue; a count no worker serves would wait there for ever.
+        served = ", ".join(map(str, settings.gpu_counts))
+        raise field_error("resources.gpus_per_node", f"{gpus} GPUs asked; this deployment's "
+                          f"workers serve {served} (BRORL_GPU_COUNTS)")
     over_quota = job_quota_error(session, settings, tenant.id)
     dataset = spec.task.dataset
     if dataset is not None and datasets.get_dataset(session, tenant.id, dataset.id) is None:
@@ -81,7 +83,7 @@ def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant
         response.status_code = status.HTTP_200_OK
         return public
     try:
-        enqueue(job.id)
+        enqueue(job.id, gpus=gpus)
     except Exception:  # the job is committed and stays queued; requeue recovers it
         log.exception("job %s created but could not be enqueued; it stays queued", job.id)
     return public

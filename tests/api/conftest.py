@@ -113,15 +113,30 @@ def settings(tmp_path: Path, database_url: str) -> Settings:
     )
 
 
-@pytest.fixture
-def enqueued() -> list[str]:
-    """Job ids the app sent to the workers, in order."""
-    return []
+class Enqueued(list):
+    """A stand-in enqueue: the job ids sent, in order (it compares as that list), and the queue
+    each went to in `queues`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queues: dict[str, str] = {}
+
+    def __call__(self, job_id: str, gpus: int = 1) -> None:
+        from worker.celery_app import queue_for
+
+        self.append(job_id)
+        self.queues[job_id] = queue_for(gpus)
 
 
 @pytest.fixture
-def app(settings: Settings, enqueued: list[str]):
-    return create_app(settings, enqueue=enqueued.append, stream_poll_seconds=0.05)
+def enqueued() -> Enqueued:
+    """Job ids the app sent to the workers, in order (`.queues`: where each went)."""
+    return Enqueued()
+
+
+@pytest.fixture
+def app(settings: Settings, enqueued: Enqueued):
+    return create_app(settings, enqueue=enqueued, stream_poll_seconds=0.05)
 
 
 @pytest.fixture

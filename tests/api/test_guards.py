@@ -16,7 +16,7 @@ from tests.api.live import serve, stalled_upload
 
 
 def _app(settings, enqueued, **overrides):
-    return create_app(settings.model_copy(update=overrides), enqueue=enqueued.append)
+    return create_app(settings.model_copy(update=overrides), enqueue=enqueued)
 
 
 def test_stalled_uploads_do_not_exhaust_the_pool(settings, enqueued, key, other_auth):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from fastapi.testclient import TestClient
 
+from api.app import create_app
+from store.settings import Settings
 from tests.api.helpers import assert_error, make_spec
 
 BIG = 2**63
@@ -41,11 +44,35 @@ def test_oversized_json_body_is_413_before_parsing(client, auth):
     ({"limits": {"max_wall_seconds": 10**12}}, "limits.max_wall_seconds"),
     ({"resources": {"gpus_per_node": 1000}}, "resources.gpus_per_node"),
     ({"resources": {"nodes": 2}}, "resources.nodes"),  # multi-node: designed, not yet run
-    ({"resources": {"gpus_per_node": 2}}, "resources.gpus_per_node"),  # no worker runs it yet
+    # Default BRORL_GPU_COUNTS=1: no worker serves 2 GPUs (test_gpu_counts_* below).
+    ({"resources": {"gpus_per_node": 2}}, "resources.gpus_per_node"),
 ])
 def test_lists_strings_and_numbers_in_the_spec_are_bounded(client, auth, section, field):
     assert_error(client.post("/v1/jobs", json=make_spec(**section), headers=auth), 422,
                  field=field)
+
+
+def test_gpu_counts_no_worker_serves_are_422_naming_the_served_ones(client, auth, enqueued):
+    resp = client.post("/v1/jobs", json=make_spec(resources={"gpus_per_node": 2}), headers=auth)
+    err = assert_error(resp, 422, field="resources.gpus_per_node")
+    assert err["message"] == ("resources.gpus_per_node: 2 GPUs asked; this deployment's "
+                              "workers serve 1 (BRORL_GPU_COUNTS)")
+    assert enqueued == [] and client.get("/v1/jobs", headers=auth).json()["data"] == []
+
+
+def test_gpu_counts_served_are_accepted_on_their_own_queue(settings, enqueued, auth,
+                                                          monkeypatch):
+    monkeypatch.setenv("BRORL_GPU_COUNTS", "1,2")
+    served = settings.model_copy(update={"gpu_counts": Settings().gpu_counts})
+    with TestClient(create_app(served, enqueue=enqueued)) as client:
+        two = client.post("/v1/jobs", json=make_spec(resources={"gpus_per_node": 2}), headers=auth)
+        one = client.post("/v1/jobs", json=make_spec(), headers=auth)
+        four = client.post("/v1/jobs", json=make_spec(resources={"gpus_per_node": 4}),
+                           headers=auth)
+    assert two.status_code == 201 and one.status_code == 201, (two.text, one.text)
+    assert enqueued.queues == {two.json()["id"]: "gpu-2", one.json()["id"]: "gpu"}
+    err = assert_error(four, 422, field="resources.gpus_per_node")
+    assert "serve 1, 2 (BRORL_GPU_COUNTS)" in err["message"]
 
 
 def test_job_list_leaves_the_spec_out(client, auth):

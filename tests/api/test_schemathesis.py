@@ -22,7 +22,7 @@ EXAMPLES_PER_OPERATION = 100
 def test_no_server_errors(settings, enqueued, key):
     # No rate limit here: the fuzzer's burst of requests is not what is under test.
     app = create_app(settings.model_copy(update={"rate_limit_per_s": 0}),
-                     enqueue=enqueued.append, stream_poll_seconds=0.01)
+                     enqueue=enqueued, stream_poll_seconds=0.01)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     headers = {"Authorization": f"Bearer {key}"}
     # A real job and dataset, so that the fuzzer's parameters reach the queries behind the

@@ -33,7 +33,7 @@ def test_readyz_checks_database_and_broker(client, settings):
 
 def test_readyz_is_503_naming_the_broker(settings, enqueued):
     bad = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
-    with TestClient(create_app(bad, enqueue=enqueued.append)) as client:
+    with TestClient(create_app(bad, enqueue=enqueued)) as client:
         resp = client.get("/readyz")
     err = assert_error(resp, 503, "unavailable")
     assert "broker" in err["message"] and "database" not in err["message"]

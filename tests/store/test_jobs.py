@@ -248,6 +248,60 @@ def test_reaper_requeues_then_gives_up(session: Session, tenant: Tenant) -> None
         EventType.failed]
 
 
+def _event_data(s: Session, job_id: str, type_: EventType) -> list[dict]:
+    query = select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.type == type_)
+    return [dict(d) for d in s.scalars(query.order_by(JobEvent.id))]
+
+
+def test_retry_or_fail_requeues_a_machine_fault_then_fails_at_max_attempts(
+    session: Session, tenant: Tenant
+) -> None:
+    job = make_job(session, tenant, max_attempts=2)
+    first = _claim(session, job.id)
+    assert jobs.retry_or_fail(session, job.id, first.attempt, "rank 1 died (exit 9)") is True
+    session.commit()
+    row = jobs.get_job_unscoped(session, job.id)
+    assert (row.status, row.attempt, row.lease_owner, row.lease_expires_at, row.error) == (
+        JobStatus.queued, 1, None, None, None)
+    assert _event_data(session, job.id, EventType.retried) == [
+        {"attempt": 1, "reason": "machine fault", "error": "rank 1 died (exit 9)"}]
+    with pytest.raises(Fenced):  # the requeued attempt no longer owns the job
+        jobs.retry_or_fail(session, job.id, first.attempt, "again")
+    session.rollback()
+    second = _claim(session, job.id)
+    assert second.attempt == 2
+    with pytest.raises(Fenced):  # a stale attempt next to a live one
+        jobs.retry_or_fail(session, job.id, first.attempt, "stale")
+    session.rollback()
+    assert jobs.retry_or_fail(session, job.id, second.attempt, "rank 0 died") is False
+    session.commit()
+    row = jobs.get_job_unscoped(session, job.id)
+    assert (row.status, row.error, row.lease_owner) == (JobStatus.failed, "rank 0 died", None)
+    assert row.finished_at is not None
+    assert _events(session, job.id) == [
+        EventType.created, EventType.started, EventType.retried, EventType.started,
+        EventType.failed]
+
+
+def test_retry_or_fail_cancels_a_job_whose_cancel_was_requested(
+    session: Session, tenant: Tenant
+) -> None:
+    job = make_job(session, tenant)
+    claim = _claim(session, job.id)
+    jobs.request_cancel(session, tenant.id, job.id)
+    session.commit()
+    assert jobs.retry_or_fail(session, job.id, claim.attempt, "rank 1 died") is False
+    session.commit()
+    assert jobs.get_job_unscoped(session, job.id).status == JobStatus.cancelled
+
+
+def test_job_gpus_reads_each_spec(session: Session, tenant: Tenant) -> None:
+    one = make_job(session, tenant)
+    two = make_job(session, tenant, resources={"gpus_per_node": 2, "nodes": 1})
+    assert jobs.job_gpus(session, [one.id, two.id]) == {one.id: 1, two.id: 2}
+    assert jobs.job_gpus(session, []) == {}
+
+
 def test_stale_queued_jobs_are_returned_once_per_period(session: Session, tenant: Tenant) -> None:
     queued, running = make_job(session, tenant), make_job(session, tenant)
     _claim(session, running.id)

@@ -35,10 +35,11 @@ BASE_SPEC: dict[str, Any] = {
 
 
 def make_spec(name: str = "fake", max_attempts: int = 3,
-              max_wall_seconds: int = 3600) -> dict[str, Any]:
+              max_wall_seconds: int = 3600, gpus: int = 1) -> dict[str, Any]:
     spec = copy.deepcopy(BASE_SPEC)
     spec["name"] = name
     spec["limits"] = {"max_attempts": max_attempts, "max_wall_seconds": max_wall_seconds}
+    spec["resources"] = {"gpus_per_node": gpus, "nodes": 1}
     return spec
 
 
@@ -70,7 +71,7 @@ def tenant_id(data_dir: Path) -> int:
 
 @pytest.fixture
 def new_job(tenant_id: int):
-    """new_job(name=..., max_attempts=..., max_wall_seconds=...) -> a queued job's id."""
+    """new_job(name=..., max_attempts=..., max_wall_seconds=..., gpus=...) -> a queued job's id."""
 
     def make(name: str = "fake", **kwargs: Any) -> str:
         spec = make_spec(name, **kwargs)

@@ -9,6 +9,8 @@ survives the trip through HTTP, the database and a worker subprocess:
 - `steps=N`: train N steps instead of 3;
 - `fail`: raise RuntimeError("fake trainer failure") after the first step;
 - `crash`: kill the whole process (os._exit) after the first step, as an OOM kill would;
+- `rankdied`: raise `FakeRankDied` (`retryable = True`, like `trainer.launch.RankDied`)
+  after the first step, as a many-GPU job does when one of its ranks dies;
 - `ckpt`: save (and record) a checkpoint after every step, not only the last.
 A dataset job fails unless `dataset_path` is an existing file (the runner must resolve it).
 """
@@ -25,6 +27,12 @@ from typing import Any, Callable
 from trainer import ckpt_format
 
 STEPS = 3
+
+
+class FakeRankDied(RuntimeError):
+    """A fault of the machine, not of the job: the runner retries the job."""
+
+    retryable = True
 
 
 @dataclass
@@ -77,6 +85,8 @@ def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = Non
         sink.metrics(step, values)
         if fail:
             raise RuntimeError("fake trainer failure")
+        if _flag(spec.name, "rankdied"):
+            raise FakeRankDied("rank 1 of 2 died (exit code -9)")
         if _flag(spec.name, "crash"):
             os._exit(3)
         if _flag(spec.name, "ckpt") and step < steps:

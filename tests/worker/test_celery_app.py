@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from store.settings import Settings
 from worker import celery_app
 from worker.celery_app import GPU_QUEUE, MAINTENANCE_QUEUE, REAP_TASK, RUN_JOB_TASK
@@ -40,6 +42,30 @@ def test_enqueue_job_sends_by_name_to_the_gpu_queue(monkeypatch):
                         lambda name, args, queue: sent.append((name, args, queue)))
     celery_app.enqueue_job("job_1")
     assert sent == [(RUN_JOB_TASK, ["job_1"], GPU_QUEUE)]
+
+
+def test_each_gpu_count_has_its_own_queue():
+    assert [celery_app.queue_for(g) for g in (1, 2, 4, 8)] == ["gpu", "gpu-2", "gpu-4", "gpu-8"]
+    with pytest.raises(ValueError):
+        celery_app.queue_for(0)
+
+
+def test_enqueue_job_sends_a_multi_gpu_job_to_its_queue(monkeypatch):
+    sent = []
+    monkeypatch.setattr(celery_app.app, "send_task",
+                        lambda name, args, queue: sent.append((name, args, queue)))
+    celery_app.enqueue_job("job_2", gpus=2)
+    assert sent == [(RUN_JOB_TASK, ["job_2"], "gpu-2")]
+
+
+def test_gpu_counts_setting_is_a_comma_list_of_positive_counts(tmp_path, monkeypatch):
+    assert Settings(data_dir=tmp_path).gpu_counts == (1,)
+    monkeypatch.setenv("BRORL_GPU_COUNTS", " 2,1 ")
+    assert Settings(data_dir=tmp_path).gpu_counts == (1, 2)
+    for bad in ("0", "1,two", "", "1,-2"):
+        monkeypatch.setenv("BRORL_GPU_COUNTS", bad)
+        with pytest.raises(ValueError, match="BRORL_GPU_COUNTS"):
+            Settings(data_dir=tmp_path)
 
 
 def test_tasks_are_registered_by_name():

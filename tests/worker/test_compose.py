@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from store.settings import Settings
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -39,9 +41,17 @@ def test_compose_file_shape():
     assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    # One worker kind per GPU count, each serving that count's queue; the API accepts both.
+    devices = services["worker-2gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 2, "capabilities": ["gpu"]}]
+    assert services["worker"]["command"][2:4] == ["--gpus", "1"]
+    assert services["worker-2gpu"]["command"][2:4] == ["--gpus", "2"]
+    assert services["worker-2gpu"]["image"] == services["worker"]["image"]
+    assert Settings(gpu_counts=services["api"]["environment"]["BRORL_GPU_COUNTS"]).gpu_counts \
+        == (1, 2)
     beats = [name for name, svc in services.items() if "--beat" in (svc.get("command") or [])]
     assert beats == ["reaper"], "exactly one Celery beat, or the reaper runs twice"
-    for name in ("api", "worker"):
+    for name in ("api", "worker", "worker-2gpu"):
         assert "artifacts:/artifacts" in services[name]["volumes"]
     env = services["api"]["environment"]
     assert env["BRORL_DATABASE_URL"].startswith("postgresql+psycopg://")

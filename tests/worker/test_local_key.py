@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import stat
 
-from cli.server import ensure_local_key, worker_argv
+from cli.server import ensure_local_key, up_worker_command, worker_argv, worker_queues
 from store import keys
 from store.db import session_scope
+from store.settings import Settings
 
 
 def test_key_is_created_once_then_reused(data_dir):
@@ -32,3 +33,18 @@ def test_worker_argv():
     beat = worker_argv("gpu", True, "prefork", 1, "INFO")
     assert beat[2] == "gpu,maintenance" and "-B" in beat
     assert beat[beat.index("--max-tasks-per-child") + 1] == "1"
+
+
+def test_worker_queues_from_gpus_and_queues():
+    assert worker_queues(None, None) == "gpu"
+    assert worker_queues(None, 1) == "gpu"
+    assert worker_queues(None, 2) == "gpu-2"
+    assert worker_queues("maintenance", 4) == "maintenance,gpu-4"
+    assert worker_queues("gpu,gpu-2", 2) == "gpu,gpu-2"
+
+
+def test_brorl_up_serves_every_gpu_count(tmp_path, monkeypatch):
+    assert up_worker_command(Settings(data_dir=tmp_path))[-2:] == ["--queues", "gpu"]
+    monkeypatch.setenv("BRORL_GPU_COUNTS", "1,2,8")
+    command = up_worker_command(Settings(data_dir=tmp_path))
+    assert command[-2:] == ["--queues", "gpu,gpu-2,gpu-8"] and "--beat" in command

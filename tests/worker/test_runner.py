@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
@@ -138,6 +139,15 @@ def test_wall_clock_limit_fails_the_job(new_job):
     assert job_row(job_id).error == runner.WALL_LIMIT_ERROR
 
 
+class Sent(list):
+    """A stand-in enqueue recording (job id, queue) pairs."""
+
+    def __call__(self, job_id: str, gpus: int = 1) -> None:
+        from worker.celery_app import queue_for
+
+        self.append((job_id, queue_for(gpus)))
+
+
 def _claim_and_expire(job_id: str) -> None:
     with session_scope() as s:
         assert jobs.claim(s, job_id, "dead-worker", lease_seconds=0.01) is not None
@@ -146,15 +156,59 @@ def _claim_and_expire(job_id: str) -> None:
 
 def test_reaper_requeues_then_gives_up(new_job):
     job_id = new_job(max_attempts=2)
-    sent: list[str] = []
+    sent = Sent()
     _claim_and_expire(job_id)
-    assert runner.reap_and_requeue(sent.append) == [job_id]
-    assert sent == [job_id] and job_row(job_id).status == JobStatus.queued
+    assert runner.reap_and_requeue(sent) == [job_id]
+    assert sent == [(job_id, "gpu")] and job_row(job_id).status == JobStatus.queued
     _claim_and_expire(job_id)  # attempt 2 = max_attempts dies too
-    assert runner.reap_and_requeue(sent.append) == []
+    assert runner.reap_and_requeue(sent) == []
     job = job_row(job_id)
     assert job.status == JobStatus.failed and "2 attempts" in job.error
-    assert sent == [job_id]
+    assert sent == [(job_id, "gpu")]
+
+
+def test_reaper_enqueues_each_job_on_the_queue_of_its_gpu_count(new_job, monkeypatch):
+    one, two = new_job(), new_job(gpus=2)
+    stale = new_job(gpus=2)
+    with session_scope() as s:  # as if unclaimed for longer than requeue_queued_after_seconds
+        s.get(Job, stale).updated_at -= timedelta(days=1)
+    _claim_and_expire(one)
+    _claim_and_expire(two)
+    sent = Sent()
+    assert sorted(runner.reap_and_requeue(sent)) == sorted([one, two, stale])
+    assert sorted(sent) == sorted([(one, "gpu"), (two, "gpu-2"), (stale, "gpu-2")])
+
+
+def test_a_machine_fault_requeues_the_job_on_its_queue(new_job):
+    job_id = new_job("fake rankdied", max_attempts=2, gpus=2)
+    sent = Sent()
+    assert runner.run_job(job_id, enqueue=sent) == "queued"
+    job = job_row(job_id)
+    assert (job.status, job.attempt, job.lease_owner, job.error) == (
+        JobStatus.queued, 1, None, None)
+    assert sent == [(job_id, "gpu-2")]
+    assert metric_steps(job_id) == [1]  # the steps before the fault were flushed
+    (retried,) = [d for t, d in events(job_id) if t == "retried"]
+    assert "rank 1 of 2 died" in retried["error"] and retried["attempt"] == 1
+    # The last attempt: the same fault fails the job instead, and nothing is enqueued.
+    assert runner.run_job(job_id, enqueue=sent) == "failed"
+    job = job_row(job_id)
+    assert job.status == JobStatus.failed and "rank 1 of 2 died" in job.error
+    assert job.attempt == 2 and sent == [(job_id, "gpu-2")]
+    assert [t for t, _ in events(job_id)][-1] == "failed"
+
+
+def test_a_machine_fault_after_a_cancel_request_cancels(new_job, tenant_id, monkeypatch):
+    job_id = new_job("fake rankdied")
+    real = runner.jobs.retry_or_fail
+
+    def cancel_first(s, *args):  # the user's cancel lands while the ranks are dying
+        jobs.request_cancel(s, tenant_id, job_id)
+        return real(s, *args)
+
+    monkeypatch.setattr(runner.jobs, "retry_or_fail", cancel_first)
+    sent = Sent()
+    assert runner.run_job(job_id, enqueue=sent) == "cancelled" and sent == []
 
 
 def test_requeued_job_resumes_from_its_checkpoint(new_job, data_dir):
@@ -165,7 +219,7 @@ def test_requeued_job_resumes_from_its_checkpoint(new_job, data_dir):
     with session_scope() as s:
         jobs.record_checkpoint(s, job_id, attempt, 3, str(folder), nbytes, sha)
     time.sleep(0.05)
-    assert runner.reap_and_requeue(lambda _id: None) == [job_id]
+    assert runner.reap_and_requeue(Sent()) == [job_id]
     assert runner.run_job(job_id) == "succeeded"
     assert job_row(job_id).attempt == 2
     resumed = [d for t, d in events(job_id) if t == "stage_started"]
@@ -193,12 +247,33 @@ def test_heartbeat_renews_lease_and_sees_cancel(new_job, tenant_id):
 def test_reap_task_requeues_through_celery_enqueue(new_job, monkeypatch):
     from worker import tasks
 
-    sent: list[str] = []
-    monkeypatch.setattr(tasks, "enqueue_job", sent.append)
+    sent = Sent()
+    monkeypatch.setattr(tasks, "enqueue_job", sent)
     job_id = new_job()
     _claim_and_expire(job_id)
-    assert tasks.reap() == [job_id] and sent == [job_id]
+    assert tasks.reap() == [job_id] and sent == [(job_id, "gpu")]
     assert tasks.run_job(job_id) == "succeeded"  # the task body is the runner
+
+
+def test_run_task_requeues_a_machine_fault_through_celery_enqueue(new_job, monkeypatch):
+    from worker import tasks
+
+    sent = Sent()
+    monkeypatch.setattr(tasks, "enqueue_job", sent)
+    job_id = new_job("fake rankdied", gpus=2)
+    assert tasks.run_job(job_id) == "queued" and sent == [(job_id, "gpu-2")]
+
+
+def test_a_machine_fault_is_enqueued_to_the_broker_of_the_settings(new_job):
+    from store.settings import get_settings
+    from worker.celery_app import RUN_JOB_TASK, make_app
+
+    job_id = new_job("fake rankdied", gpus=2)
+    assert runner.run_job(job_id) == "queued"  # no enqueue given: the settings' broker
+    with make_app(get_settings()).connection_for_read() as conn:
+        message = conn.SimpleQueue("gpu-2").get(timeout=10)
+    assert message.headers["task"] == RUN_JOB_TASK and message.payload[0] == [job_id]
+    message.ack()
 
 
 def test_worker_shutdown_stops_the_run_without_finishing_it(new_job):
