@@ -99,19 +99,39 @@ class _Relay:
         self.offset += end
 
 
-def _kill(proc: subprocess.Popen, sig: int) -> None:
+def _rank_pids(control: Path) -> list[int]:
+    """Live processes running `trainer.rank_main <control>` (read from /proc)."""
+    want = f"trainer.rank_main\0{control}\0".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and want in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _kill(proc: subprocess.Popen, sig: int, control: Path | None = None) -> None:
+    """`sig` to torchrun's process group and, with `control`, to every rank of this job
+    (torchrun starts each rank in a session of its own, out of reach of its group)."""
     try:
-        os.killpg(proc.pid, sig)  # torchrun and its ranks: their own session (start_new_session)
+        os.killpg(proc.pid, sig)  # torchrun: its own session (start_new_session)
     except ProcessLookupError:
         pass
+    for pid in _rank_pids(control) if control else []:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
-def _terminate(proc: subprocess.Popen) -> None:
-    _kill(proc, signal.SIGTERM)
+def _terminate(proc: subprocess.Popen, control: Path) -> None:
+    _kill(proc, signal.SIGTERM)  # torchrun passes it on to its ranks
     try:
         proc.wait(KILL_WAIT_S)
     except subprocess.TimeoutExpired:
-        _kill(proc, signal.SIGKILL)
+        _kill(proc, signal.SIGKILL, control)
         proc.wait()
 
 
@@ -162,10 +182,10 @@ def train_distributed(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[]
                 log.info("asked the ranks to stop at the next step boundary")
             if stop_at is not None and time.monotonic() - stop_at > stop_grace_s():
                 log.warning("ranks did not stop within %.0f s; terminating them", stop_grace_s())
-                _terminate(proc)
+                _terminate(proc, control)
             time.sleep(POLL_S)
     except BaseException:  # Fenced, or this process is going away: the ranks go with it
-        _kill(proc, signal.SIGKILL)
+        _kill(proc, signal.SIGKILL, control)
         proc.wait()
         raise
     relay.pump()

@@ -1,0 +1,96 @@
+"""trainer.launch's pieces without torchrun: the relay of rank 0's sink, the outcome of the
+ranks (result, a rank's own error, a dead rank), torchrun's root-cause report."""
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer import launch
+from trainer.sink import ListSink, RecordSink
+
+
+def test_relay_replays_each_complete_line_once_in_order(tmp_path):
+    path = tmp_path / "sink.jsonl"
+    rec, sink, seen = RecordSink(path), ListSink(), []
+    relay = launch._Relay(path, sink, lambda step, v: seen.append(step))
+    relay.pump()  # no file yet
+    rec.metrics(0, {"eval/pass@1": 0.5})
+    rec.event("stage_started", {"step": 1})
+    relay.pump()
+    with open(path, "a") as f:  # a rank mid-write: half a line waits
+        f.write('{"call": "metrics", "step": 1, "values": {"loss": NaN')
+    relay.pump()
+    assert [r["step"] for r in sink.steps] == [0] and sink.events == [("stage_started", {"step": 1})]
+    with open(path, "a") as f:
+        f.write('}}\n')
+    rec.checkpoint(1, tmp_path / "step-1", 10, "ab")
+    relay.pump()
+    relay.pump()
+    assert [r["step"] for r in sink.steps] == [0, 1] and seen == [1]  # step 0 is no progress
+    assert sink.checkpoints == [(1, tmp_path / "step-1", 10, "ab")]
+    assert relay.last_step == 1 and relay.last_checkpoint == tmp_path / "step-1"
+
+
+TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+trainer.rank_main FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-05_06:00:00
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4242
+============================================================"""
+
+
+def _control(tmp_path: Path, log: str = "") -> Path:
+    (tmp_path / "torchrun.log").write_text(log)
+    return tmp_path
+
+
+def test_a_killed_rank_is_a_retryable_fault_naming_the_rank(tmp_path):
+    relay = launch._Relay(tmp_path / "none", ListSink(), None)
+    with pytest.raises(launch.RankDied) as e:
+        launch._outcome(_control(tmp_path, "noise\n" + TORCHRUN_REPORT), 1, False, relay)
+    assert e.value.retryable and (e.value.rank, e.value.exitcode) == (1, -9)
+    assert "rank 1" in str(e.value) and "signal 9" in str(e.value)
+    with pytest.raises(launch.RankDied) as e:  # no report at all: still a fault, rank unknown
+        launch._outcome(_control(tmp_path, "Killed"), -9, False, relay)
+    assert e.value.rank is None and "a rank" in str(e.value)
+
+
+def test_a_rank_s_own_error_fails_the_job_under_its_name(tmp_path):
+    control = _control(tmp_path, TORCHRUN_REPORT)
+    (control / "error-1.json").write_text(json.dumps({"type": "StallError", "message": "no learning for 5 steps"}))
+    with pytest.raises(launch.RankError) as e:
+        launch._outcome(control, 1, False, launch._Relay(tmp_path / "x", ListSink(), None))
+    assert type(e.value).__name__ == "StallError" and not getattr(e.value, "retryable", False)
+    assert str(e.value) == "no learning for 5 steps"
+
+
+def test_result_and_a_stop_killed_after_its_grace(tmp_path):
+    relay = launch._Relay(tmp_path / "x", ListSink(), None)
+    relay.last_step, relay.last_checkpoint = 4, tmp_path / "step-4"
+    out = launch._outcome(_control(tmp_path), -15, True, relay)  # killed after the stop grace
+    assert (out.stopped, out.steps_completed, out.last_checkpoint) == (True, 4, tmp_path / "step-4")
+    (tmp_path / "result.json").write_text(json.dumps(
+        {"steps_completed": 6, "stopped": False, "last_eval": {"eval/pass@1": 0.5}, "last_checkpoint": None}))
+    out = launch._outcome(tmp_path, 0, False, relay)
+    assert (out.steps_completed, out.stopped, out.last_eval, out.last_checkpoint) == (6, False, {"eval/pass@1": 0.5}, None)
+
+
+def test_many_ranks_refuse_optimizers_fsdp_does_not_shard():
+    from pydantic import ValidationError
+
+    from trainer.spec import JobSpec
+
+    base = {"name": "t", "task": {"reasoning_gym": {"name": "chain_sum"}}, "resources": {"gpus_per_node": 2}}
+    JobSpec.model_validate(base)
+    with pytest.raises(ValidationError, match="optim.optimizer_state"):
+        JobSpec.model_validate({**base, "optim": {"optimizer_state": "8bit"}})
