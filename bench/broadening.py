@@ -1,7 +1,7 @@
 """When does broadening pay? (issue 12, items 1-2): the measured regime and the theory map.
 
     .venv/bin/python bench/broadening.py theory     # token-level simulation map, ~1-3 min
-    .venv/bin/python bench/broadening.py measure --difficulty hard [--seeds 0,1,2] [--budget 16384]
+    .venv/bin/python bench/broadening.py measure --difficulty hard [--seeds 0,1,2] [--budget 16384] [--evals 4]
     .venv/bin/python bench/broadening.py broaden --difficulty hard   # after measure: one rollout.broaden job
     .venv/bin/python bench/broadening.py plot       # the map: measured next to the theory
 
@@ -106,26 +106,35 @@ def measure(args) -> None:
     ns = SimpleNamespace(spec=spec_path, threads=args.threads, timeout=args.timeout, out=out,
                          n_small=16, a_prompts=32, a_max_steps=args.a_max_steps, a_eval_every=5,
                          a_min_steps=10, a_patience=2, a_min_delta=0.02, budget=args.budget)
-    a = rep.phase_a(ns, base)
-    a["probe"] = probe(args, spec_path, a["checkpoint"])
-    (out / "phase_a.json").write_text(json.dumps(a, indent=1))
+    if args.reuse_plateau and (out / "phase_a.json").exists():
+        a = json.loads((out / "phase_a.json").read_text())  # the plateau and its probe, from before
+    else:
+        a = rep.phase_a(ns, base)
+        a["probe"] = probe(args, spec_path, a["checkpoint"])
+        (out / "phase_a.json").write_text(json.dumps(a, indent=1))
     arms = []
     for n in args.arms:
         # Equal samples per step (so the same lr under the sqrt rule) and equal samples in all.
         prompts = max(1, args.samples_per_step // n)
         steps = math.ceil(args.budget / (n * prompts))
-        every = max(1, steps // 4)
+        every = max(1, steps // args.evals)
         arms.append({"arm": f"N={n}", "n": n, "prompts_per_step": prompts, "samples_per_step": n * prompts,
                      "lr": base["optim"]["lr"], "eval_every": every, "max_steps": every * math.ceil(steps / every)})
-    runs = [(arm, seed, rep.phase_b(ns, arm, seed, a["checkpoint"])) for seed in args.seeds for arm in arms]
-    evals, steps = rep.tables(runs)
-    summary = rep.summarise(arms, evals, steps)
-    write_csv(out / "evals.csv", evals)
-    write_csv(out / "steps.csv", steps)
-    (out / "summary.json").write_text(json.dumps({"difficulty": args.difficulty, "config": DIFFICULTY[args.difficulty],
-                                                 "budget": args.budget, "seeds": args.seeds,
-                                                 "phase_a": {k: v for k, v in a.items() if k != "evals"},
-                                                 "phase_a_evals": a.get("evals"), "arms": summary}, indent=1))
+    runs = []
+    for seed in args.seeds:
+        for arm in arms:
+            runs.append((arm, seed, rep.phase_b(ns, arm, seed, a["checkpoint"])))
+            # Written after every run: a long measurement stopped early still leaves its figures.
+            evals, steps = rep.tables(runs)
+            done = [x for x in arms if any(r[0] is x for r in runs)]
+            summary = rep.summarise(done, evals, steps)
+            write_csv(out / "evals.csv", evals)
+            write_csv(out / "steps.csv", steps)
+            (out / "summary.json").write_text(json.dumps({
+                "difficulty": args.difficulty, "config": DIFFICULTY[args.difficulty], "budget": args.budget,
+                "samples_per_step": args.samples_per_step, "seeds": sorted({r[1] for r in runs}),
+                "phase_a": {k: v for k, v in a.items() if k != "evals"}, "phase_a_evals": a.get("evals"),
+                "arms": summary}, indent=1))
     print_table(summary, ["arm", "eval/pass@1 start", "eval/pass@1 end", "eval/pass@1 end std",
                           "eval/pass@16 end", "keep_rate", "frac_all_wrong", "samples mean", "step_time_s mean"], 3)
 
@@ -140,7 +149,7 @@ def broaden_run(args) -> None:
     a = json.loads((out / "phase_a.json").read_text())
     prompts = args.samples_per_step // 16
     steps = math.ceil(args.budget / args.samples_per_step)
-    every = max(1, steps // 4)
+    every = max(1, steps // args.evals)
     over = {"model": {"path": a["checkpoint"]},
             "rollout": {"schedule": [{"n": 16, "prompts_per_step": prompts, "steps": steps}],
                         "broaden": {"patience": 2, "min_delta": 0.02, "factor": args.broaden_factor,
@@ -205,6 +214,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     ap.add_argument("--budget", type=int, default=16384, help="generated samples per continuation")
     ap.add_argument("--samples-per-step", type=int, default=1024, help="every arm's (N x prompts)")
+    ap.add_argument("--evals", type=int, default=4, help="evaluations per continuation after step 0")
+    ap.add_argument("--reuse-plateau", action="store_true",
+                    help="measure: continue from the plateau (phase_a.json) of an earlier run")
     ap.add_argument("--probe-samples", type=int, default=512, help="samples per eval prompt at the plateau")
     ap.add_argument("--broaden-factor", type=int, default=8)
     ap.add_argument("--a-max-steps", type=int, default=60)
