@@ -180,17 +180,24 @@ def plot(args) -> None:
             title="theory (token-level simulation)")
     ax1.axhline(0, color="grey", lw=0.5)
     ax1.legend()
-    for d in DIFFICULTY:
-        f = args.out / d / "summary.json"
+    # The measured points: each difficulty here, plus section 4b's closed demo table (the same
+    # protocol: equal samples per step and lr, from a plateau) as the easiest setting.
+    sources = [(d, args.out / d / "summary.json") for d in DIFFICULTY]
+    sources.append(("demo table (4b)", REPO / "docs" / "data" / "replication_equal" / "summary.json"))
+    colours = {"N=128": "C0", "N=512": "C1"}  # as in the theory panel
+    for (label, f), marker in zip(sources, "v^sD"):
         if not f.exists():
             continue
         arms = {a["arm"]: a for a in json.loads(f.read_text())["arms"]}
         if "N=16" not in arms:
             continue
-        x = arms["N=16"]["eval/pass@1 start"]
+        base = arms["N=16"]
+        x = base["eval/pass@1 start"]
         for name, a in arms.items():
             if name != "N=16":
-                ax2.scatter(x, a["eval/pass@1 end"] - arms["N=16"]["eval/pass@1 end"], label=f"{d}: {name}")
+                ax2.errorbar(x, a["eval/pass@1 end"] - base["eval/pass@1 end"], yerr=a.get("eval/pass@1 end std") or 0,
+                             marker=marker, color=colours.get(name, "C2"), capsize=3,
+                             label=f"{label}: {name} ({a['seeds']} seeds)")
     ax2.axhline(0, color="grey", lw=0.5)
     ax2.set(xlabel="pass@1 at the plateau", ylabel="pass@1 gain over N=16 (equal samples)",
             title="measured (builtin:tiny, chain_sum)")
