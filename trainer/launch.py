@@ -194,7 +194,9 @@ def train_distributed(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[]
 
 def _outcome(control: Path, rc: int, stop_asked: bool, relay: _Relay) -> TrainResult:
     result = control / "result.json"
-    if rc == 0 and result.is_file():
+    if result.is_file():  # rank 0 wrote it after every rank finished (a barrier)
+        if rc != 0:  # e.g. a library thread aborting at interpreter exit: the work is done
+            log.warning("torchrun exited %s after the ranks finished; keeping their result", rc)
         r = json.loads(result.read_text())
         ckpt = r["last_checkpoint"]
         return TrainResult(steps_completed=r["steps_completed"], stopped=r["stopped"],

@@ -7,6 +7,7 @@ writes `stop`. See `trainer.launch` for the folder's other files.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -49,4 +50,9 @@ def main(control: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    code = main(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: a C++ thread left by gloo or DCP can abort it ("terminate called
+    # without an active exception") after the work is done and reported.
+    os._exit(code)

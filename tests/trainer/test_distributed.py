@@ -109,6 +109,9 @@ def _rank_main(r: int, ws: int, port: int, out: str, mode: str = "update", ckpt:
         torch.distributed.barrier()  # leave together: a gloo peer torn down mid-exchange aborts
     finally:
         torch.distributed.destroy_process_group()
+    # As trainer.rank_main: skip interpreter teardown, where a thread left by gloo or DCP can
+    # abort the process (SIGABRT, "terminate called without an active exception"; 1 run in ~10).
+    os._exit(0)
 
 
 def free_port() -> int:
@@ -208,6 +211,7 @@ def _collect_rank(r: int, ws: int, port: int, out: str) -> None:
         torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
+    os._exit(0)  # see _rank_main
 
 
 def test_two_ranks_collect_the_one_process_batch(tmp_path):
@@ -296,6 +300,7 @@ def _wide_rank(r: int, ws: int, port: int, out: str) -> None:
         torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
+    os._exit(0)  # see _rank_main
 
 
 def test_n512_step_with_refills_on_two_ranks_equals_one_process(tmp_path):

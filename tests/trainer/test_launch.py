@@ -83,6 +83,8 @@ def test_result_and_a_stop_killed_after_its_grace(tmp_path):
         {"steps_completed": 6, "stopped": False, "last_eval": {"eval/pass@1": 0.5}, "last_checkpoint": None}))
     out = launch._outcome(tmp_path, 0, False, relay)
     assert (out.steps_completed, out.stopped, out.last_eval, out.last_checkpoint) == (6, False, {"eval/pass@1": 0.5}, None)
+    # torchrun exiting non-zero after rank 0 reported (a thread aborting at exit): still done.
+    assert launch._outcome(tmp_path, -6, False, relay).steps_completed == 6
 
 
 def test_many_ranks_refuse_optimizers_fsdp_does_not_shard():
