@@ -11,14 +11,6 @@ from trainer.spec import JobSpec
 
 
 def prebuild(spec: JobSpec, sft_steps: int = 300) -> None:
-    from trainer.run import _tiny_model_dir
-    from trainer.stop import never
-    from trainer.tasks import build_task
-    from trainer.tasks.scoring import Scorer
+    from trainer.run import prepare_tiny_model
 
-    task = build_task(spec.task, spec.seed, None)
-    scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
-    try:
-        _tiny_model_dir(spec, task, scorer, never, max_sft_steps=sft_steps)
-    finally:
-        scorer.close()
+    prepare_tiny_model(spec, None, max_sft_steps=sft_steps)

@@ -57,22 +57,6 @@ def stop_grace_s() -> float:
     return float(os.environ.get("BRORL_RANK_STOP_GRACE_S", "120"))
 
 
-def _prepare_model(spec: JobSpec, dataset_path: Path | None, stop_check: Callable[[], None]) -> None:
-    """builtin:tiny's warm start, here where a cancel reaches it, before the ranks find it cached."""
-    from trainer.run import TINY, _tiny_model_dir
-    from trainer.tasks import build_task
-    from trainer.tasks.scoring import Scorer
-
-    if spec.model.path != TINY:
-        return
-    task = build_task(spec.task, spec.seed, dataset_path)
-    scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
-    try:
-        _tiny_model_dir(spec, task, scorer, stop_check)
-    finally:
-        scorer.close()
-
-
 class _Relay:
     """Reads rank 0's complete sink lines as they are appended and replays each once."""
 
@@ -153,11 +137,12 @@ def train_distributed(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[]
                       resume: Path | None = None, *, out_dir: Path, dataset_path: Path | None = None,
                       on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
     """`trainer.loop.train` on `spec.resources.gpus_per_node` ranks; same contract."""
+    from trainer.run import prepare_tiny_model
     from trainer.stop import StopRequested, stop_check
 
     nproc = spec.resources.gpus_per_node
     try:
-        _prepare_model(spec, dataset_path, stop_check(should_stop))
+        prepare_tiny_model(spec, dataset_path, stop_check(should_stop))  # where a cancel reaches it
     except StopRequested:
         return TrainResult(steps_completed=0, stopped=True, last_eval=None, last_checkpoint=None)
     control = Path(out_dir) / "ranks"

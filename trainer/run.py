@@ -153,6 +153,20 @@ def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Calla
                              score_fn=score_fn, probe_prompts=probe_prompts, stop_check=stop_check, **build)
 
 
+def prepare_tiny_model(spec: JobSpec, dataset_path: Path | None, stop_check: Callable[[], None] = never,
+                       **build: object) -> None:
+    """Put the spec's builtin:tiny model in the cache (nothing for any other model): done once
+    where a cancel reaches it, before many ranks, or a test's runs, find it there."""
+    if spec.model.path != TINY:
+        return
+    task = build_task(spec.task, spec.seed, dataset_path)
+    scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
+    try:
+        _tiny_model_dir(spec, task, scorer, stop_check, **build)
+    finally:
+        scorer.close()
+
+
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
     # A chat template already adds the special tokens it wants.
     special = not getattr(tokenizer, "chat_template", None)
