@@ -1,0 +1,197 @@
+"""Pooled, long-lived sandboxes: a batch of samples is spread over a few runners.
+
+Starting a sandbox costs tens of milliseconds, so a pool keeps `size` runners of one mode
+alive and sends them chunks of work. A runner answers each item of a chunk with one frame
+as soon as it is done, so when a runner dies or stops answering (a segfault, a C-level
+hang, a killed process) the item in flight is known: it gets the fault as its result, the
+runner is killed and replaced, and the rest of the chunk goes to the fresh runner. Every
+item's wait is bounded (its timeout plus a grace), so a batch always ends.
+Kill = SIGKILL to bwrap's process group; bwrap's --die-with-parent and its pid namespace
+take every process inside down with it, so nothing a sample started survives.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import signal
+import struct
+import subprocess
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from trainer.graders.sandbox.layer import Limits, require_layer, runner_command, runner_env
+
+START_TIMEOUT_S = 30.0
+MAX_FRAME = 64 * 1024 * 1024
+
+
+class SandboxFault(Exception):
+    """The runner died or stopped answering while an item was in flight."""
+
+
+class Runner:
+    """One sandboxed runner process and its framed pipes."""
+
+    def __init__(self, layer: str, mode: str, limits: Limits, tag: str):
+        self.proc = subprocess.Popen(
+            runner_command(layer, mode, limits) + [tag], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=runner_env(layer),
+            start_new_session=True, close_fds=True)
+        self.served = 0
+        hello = self.recv(START_TIMEOUT_S)
+        if not hello.get("ready"):
+            raise SandboxFault(f"sandbox did not start: {hello}")
+
+    def send(self, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        try:
+            self.proc.stdin.write(struct.pack(">I", len(data)) + data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise SandboxFault(f"sandbox is gone ({exc})") from None
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        fd, out = self.proc.stdout.fileno(), bytearray()
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise SandboxFault("unresponsive")
+            chunk = os.read(fd, n - len(out))
+            if not chunk:
+                code = self.proc.poll()
+                raise SandboxFault(f"sandbox died (exit status {code})" if code is not None
+                                   else "sandbox closed its output")
+            out += chunk
+        return bytes(out)
+
+    def recv(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        (size,) = struct.unpack(">I", self._read(4, deadline))
+        if size > MAX_FRAME:
+            raise SandboxFault("oversized reply")
+        try:
+            return json.loads(self._read(size, deadline))
+        except ValueError:
+            raise SandboxFault("garbled reply") from None
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class SandboxPool:
+    """`size` runners of one mode ("python" or "code"); thread-safe `map`."""
+
+    def __init__(self, mode: str, size: int = 2, limits: Limits | None = None,
+                 tag: str = "brorl-grader", max_served: int = 20000):
+        self.layer = require_layer()
+        self.mode, self.size = mode, max(1, size)
+        self.limits = limits or Limits.from_env()
+        self.tag, self.max_served = tag, max_served
+        self._idle: queue.Queue[Runner] = queue.Queue()
+        self._all: list[Runner] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _start(self) -> Runner:
+        runner = Runner(self.layer, self.mode, self.limits, self.tag)
+        with self._lock:
+            self._all.append(runner)
+        return runner
+
+    def _discard(self, runner: Runner) -> None:
+        runner.kill()
+        with self._lock:
+            if runner in self._all:
+                self._all.remove(runner)
+
+    def _acquire(self) -> Runner:
+        try:
+            runner = self._idle.get_nowait()
+        except queue.Empty:
+            return self._start()
+        if runner.alive() and runner.served < self.max_served:
+            return runner
+        self._discard(runner)
+        return self._start()
+
+    def _run_chunk(self, chunk: list[tuple[int, Any]], make_request: Callable[[list], dict],
+                   item_timeout_s: float, results: list) -> None:
+        """Results of a chunk's items; a fault is charged to the item in flight."""
+        todo = list(chunk)
+        while todo:
+            try:
+                runner = self._acquire()
+            except (SandboxFault, OSError) as exc:
+                for index, _ in todo:
+                    results[index] = {"fault": f"sandbox could not start: {exc}"}
+                return
+            try:
+                runner.send(make_request([payload for _, payload in todo]))
+                while todo:
+                    index, _ = todo[0]
+                    results[index] = runner.recv(item_timeout_s)
+                    todo.pop(0)
+                    runner.served += 1
+            except SandboxFault as exc:
+                self._discard(runner)
+                index, _ = todo.pop(0)
+                results[index] = {"fault": str(exc)}
+                continue
+            self._idle.put(runner)
+
+    def map(self, payloads: Sequence[Any], make_request: Callable[[list], dict],
+            item_timeout_s: float, chunk: int = 32) -> list[dict]:
+        """One reply per payload, in order: the runner's frame or {"fault": why}."""
+        if self._closed:
+            raise RuntimeError("sandbox pool is closed")
+        results: list = [None] * len(payloads)
+        indexed = list(enumerate(payloads))
+        per = max(1, min(chunk, -(-len(indexed) // self.size)))
+        chunks = [indexed[i:i + per] for i in range(0, len(indexed), per)]
+        work: queue.Queue = queue.Queue()
+        for c in chunks:
+            work.put(c)
+
+        def worker() -> None:
+            while True:
+                try:
+                    c = work.get_nowait()
+                except queue.Empty:
+                    return
+                self._run_chunk(c, make_request, item_timeout_s, results)
+
+        threads = [threading.Thread(target=worker, daemon=True)
+                   for _ in range(min(self.size, len(chunks)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            runners, self._all = list(self._all), []
+        for runner in runners:
+            runner.kill()
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
