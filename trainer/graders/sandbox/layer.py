@@ -17,6 +17,7 @@ worker's start log report.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import site
@@ -40,7 +41,8 @@ class Limits:
 
     memory_bytes: int = 2 * 1024**3
     tmp_bytes: int = 256 * 1024**2
-    output_bytes: int = 1024**2
+    output_bytes: int = 1024**2     # what one program may print (code graders)
+    file_bytes: int = 64 * 1024**2  # RLIMIT_FSIZE: any one file, grader stdout included
     processes: int = 64
     timeout_s: float = 120.0
 
@@ -57,8 +59,8 @@ class Limits:
         )
 
     def runner_json(self) -> str:
-        return ('{"memory_bytes": %d, "output_bytes": %d, "processes": %d}'
-                % (self.memory_bytes, self.output_bytes, self.processes))
+        return json.dumps({"memory_bytes": self.memory_bytes, "output_bytes": self.output_bytes,
+                           "file_bytes": self.file_bytes, "processes": self.processes})
 
 
 def _python_paths() -> list[str]:
@@ -94,7 +96,10 @@ def bwrap_command(limits: Limits) -> list[str]:
         cmd += ["--ro-bind", path, path]
     cmd += ["--proc", "/proc", "--dev", "/dev",
             "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
-            "--ro-bind", str(RUNNER), SANDBOX_RUNNER, "--chdir", "/tmp"]
+            "--ro-bind", str(RUNNER), SANDBOX_RUNNER, "--chdir", "/tmp",
+            # bwrap's root is a writable tmpfs (it holds the mount points): make it
+            # read-only, so /tmp is the one writable place.
+            "--remount-ro", "/"]
     return cmd
 
 

@@ -20,12 +20,27 @@ import struct
 import subprocess
 import threading
 import time
+import uuid
 from typing import Any, Callable, Sequence
 
 from trainer.graders.sandbox.layer import Limits, require_layer, runner_command, runner_env
 
 START_TIMEOUT_S = 30.0
 MAX_FRAME = 64 * 1024 * 1024
+
+
+def processes_with(token: str) -> list[int]:
+    """Live processes whose command line contains `token` (zombies have none)."""
+    found, needle = [], token.encode()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
 
 
 class SandboxFault(Exception):
@@ -36,8 +51,9 @@ class Runner:
     """One sandboxed runner process and its framed pipes."""
 
     def __init__(self, layer: str, mode: str, limits: Limits, tag: str):
+        self.token = f"{tag}-{uuid.uuid4().hex}"
         self.proc = subprocess.Popen(
-            runner_command(layer, mode, limits) + [tag], stdin=subprocess.PIPE,
+            runner_command(layer, mode, limits) + [self.token], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=runner_env(layer),
             start_new_session=True, close_fds=True)
         self.served = 0
@@ -78,10 +94,28 @@ class Runner:
             raise SandboxFault("garbled reply") from None
 
     def kill(self) -> None:
+        """SIGKILL bwrap and every process of this sandbox, and wait until all are gone.
+
+        --die-with-parent alone takes the pid namespace down too, but asynchronously; the
+        caller is promised that nothing of the sandbox runs once this returns. Every process
+        of the sandbox carries the runner's unique token in its command line (forked
+        children inherit it), which finds them whatever their parentage.
+        """
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            left = processes_with(self.token)
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.01)
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
                 pipe.close()

@@ -4,7 +4,7 @@ Standard library plus `pyseccomp` only, and run as a plain script (`python -I ru
 MODE LIMITS`): the sandbox shows it none of the project's code. Frames on stdin/stdout are a
 4-byte length and JSON. Before any tenant code runs the runner
 - moves its protocol pipes to private descriptors and points fds 0/1/2 at /dev/null and a
-  private output file whose size RLIMIT_FSIZE caps (so printing 1 GB fails, fast);
+  private output file whose size RLIMIT_FSIZE caps (so printing 1 GB fails);
 - sets rlimits (address space, open files, file size, no core files, processes) and marks
   itself non-dumpable (no /proc/<pid>/mem or fd access from its children);
 - installs a seccomp filter (`_lock_down`): no fork/exec (so no fork bombs, daemons or
@@ -67,7 +67,7 @@ def send(fd, obj):
 
 def _rlimits(address_space):
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMITS["output_bytes"],) * 2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMITS["file_bytes"],) * 2)
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     resource.setrlimit(resource.RLIMIT_NPROC, (LIMITS["processes"],) * 2)
     if address_space:
@@ -116,8 +116,21 @@ def _non_dumpable():
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
 
 
+def _reset_streams():
+    """Fresh sys.stdout/err on fds 1/2: a stream whose flush failed (file size limit) keeps
+    its unwritten buffer and would fail again on every later sample."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            replacement = open(os.dup(fd), "w", encoding="utf-8", errors="replace")
+            setattr(sys, name, replacement)
+            setattr(sys, f"__{name}__", replacement)
+
+
 def _output_tail():
-    sys.stdout.flush(), sys.stderr.flush()
+    _reset_streams()
     try:
         size = os.lseek(1, 0, os.SEEK_END)
         os.lseek(1, max(0, size - 2048), os.SEEK_SET)
