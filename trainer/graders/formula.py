@@ -31,7 +31,7 @@ def _pow(a: float, b: float) -> float:
 
 _BINARY: dict[type, Callable[[float, float], float]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.BitXor: _pow, ast.Pow: _pow,
+    ast.Div: operator.truediv, ast.Pow: _pow,
 }
 _UNARY: dict[type, Callable[[float], float]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 FUNCTIONS: dict[str, Callable[..., float]] = {
@@ -49,7 +49,7 @@ def parse(formula: str) -> ast.Expression:
     if len(formula) > MAX_FORMULA_CHARS:
         raise FormulaError(f"calculate_output is longer than {MAX_FORMULA_CHARS} characters")
     try:
-        tree = ast.parse(formula.strip(), mode="eval")
+        tree = ast.parse(formula.strip().replace("^", "**"), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise FormulaError(f"calculate_output does not parse: {exc}") from None
     _check(tree.body)
