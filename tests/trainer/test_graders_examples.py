@@ -1,0 +1,33 @@
+"""The shipped examples work: every grader under examples/graders/ validates, and every
+problem of examples/data/code_problems.jsonl scores 1 with its reference solution and 0
+with an empty program, through the real sandbox."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer.graders import GraderRuntime, sandbox_layer, validate_grader
+
+ROOT = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "graders").glob("*.json")), ids=lambda p: p.name)
+def test_example_graders_validate(path):
+    grader = validate_grader(json.loads(path.read_text()))
+    assert grader.type == path.stem
+
+
+@pytest.mark.skipif(sandbox_layer() != "bubblewrap", reason="needs bubblewrap")
+@pytest.mark.timeout(120)
+def test_code_dataset_reference_solutions_pass():
+    rows = [json.loads(line) for line in (ROOT / "data" / "code_problems.jsonl").open()]
+    assert len(rows) >= 30
+    answers = [f"```python\n{row['answer']}```" for row in rows]
+    grader = json.loads((ROOT / "graders" / "code.json").read_text())
+    with GraderRuntime() as runtime:
+        good = runtime.grade(grader, answers, rows)
+        empty = runtime.grade(grader, ["```python\npass\n```"] * len(rows), rows)
+    assert [r.reward for r in good] == [1.0] * len(rows), [r.details for r in good]
+    assert [r.reward for r in empty] == [0.0] * len(rows)
