@@ -28,10 +28,10 @@ import signal
 import socket
 import struct
 import sys
+import tempfile
 import time
 
 LIMITS = {}
-OUT_PATH = "/tmp/.grader-output"
 
 
 class Timeout(BaseException):
@@ -104,7 +104,10 @@ def _private_fds():
     fd_in, fd_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    out = os.open(OUT_PATH, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    # A private, already-unlinked file: runners sharing a /tmp (the unsafe layer) never
+    # see each other's output.
+    out, path = tempfile.mkstemp(prefix="grader-output-", dir="/tmp")
+    os.unlink(path)
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(null), os.close(out)

@@ -1,0 +1,34 @@
+"""Which layer runs graders: a refusal when no layer meets the bar, and the operator's
+unsafe override (rlimits + seccomp, no namespaces) when asked for."""
+from __future__ import annotations
+
+import pytest
+
+from trainer.graders import GraderRuntime, SandboxUnavailable
+from trainer.graders.sandbox import layer
+
+PY = {"type": "python", "name": "p",
+      "source": "import os\ndef grade(sample, item):\n"
+                "    if sample['output_text'] == 'fork':\n        os.fork()\n    return 0.5\n"}
+
+
+@pytest.fixture
+def no_bubblewrap(monkeypatch):
+    monkeypatch.setattr(layer, "_probe", lambda: False)
+
+
+def test_refused_without_a_layer(no_bubblewrap, monkeypatch):
+    monkeypatch.delenv(layer.UNSAFE_ENV, raising=False)
+    assert layer.sandbox_layer() == "none"
+    with GraderRuntime() as runtime, pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        runtime.grade(PY, ["x"], [{}])
+
+
+@pytest.mark.timeout(60)
+def test_unsafe_override_still_runs_rlimits_and_seccomp(no_bubblewrap, monkeypatch):
+    monkeypatch.setenv(layer.UNSAFE_ENV, "1")
+    assert layer.sandbox_layer() == "unsafe"
+    with GraderRuntime() as runtime:
+        ok, forked = runtime.grade(PY, ["x", "fork"], [{}, {}])
+    assert ok.reward == 0.5 and not ok.failed
+    assert forked.errors["python_grader_runtime_error"] and "PermissionError" in forked.details
