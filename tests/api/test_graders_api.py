@@ -82,3 +82,26 @@ def test_packages_lists_what_graders_can_import(graders_client, auth):
     r = graders_client.get("/v1/graders/packages", headers=auth)
     names = {p["name"] for p in r.json()["packages"]}
     assert {"numpy", "sympy", "rapidfuzz", "nltk"} <= names
+
+
+def test_cli_graders_validate_and_run(app, auth, key, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from cli.main import app as cli
+    from tests.api.live import serve
+
+    grader = tmp_path / "g.json"
+    grader.write_text(__import__("json").dumps(SC))
+    bad = tmp_path / "bad.json"
+    bad.write_text(__import__("json").dumps({**SC, "operation": "contains"}))
+    runner = CliRunner()
+    with serve(app) as url:
+        monkeypatch.setenv("BRORL_URL", url)
+        monkeypatch.setenv("BRORL_API_KEY", key)
+        ok = runner.invoke(cli, ["graders", "validate", str(grader)])
+        assert ok.exit_code == 0 and '"string_check"' in ok.output
+        refused = runner.invoke(cli, ["graders", "validate", str(bad)])
+        assert refused.exit_code == 1 and "operation" in refused.output
+        ran = runner.invoke(cli, ["graders", "run", str(grader), "--sample", "7",
+                                  "--item", '{"answer": "7"}'])
+        assert ran.exit_code == 0 and '"reward": 1.0' in ran.output, ran.output
