@@ -17,7 +17,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     BRORL_DATA_DIR=/data \
     BRORL_ARTIFACT_DIR=/artifacts
 RUN apt-get update \
- && apt-get install -y --no-install-recommends curl bubblewrap \
+ && apt-get install -y --no-install-recommends curl bubblewrap wordnet-base \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 1000 brorl \
  && mkdir -p /data /artifacts /app \

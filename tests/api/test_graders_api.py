@@ -34,9 +34,9 @@ def test_validate_returns_the_grader_or_names_the_field(graders_client, auth):
     bad = graders_client.post("/v1/graders/validate", headers=auth,
                               json={"grader": {**SC, "operation": "contains"}})
     assert bad.status_code == 422 and "operation" in bad.json()["error"]["field"]
-    meteor = {"type": "text_similarity", "name": "t", "input": "a", "reference": "b",
-              "evaluation_metric": "meteor", "pass_threshold": 0.5}
-    refused = graders_client.post("/v1/graders/validate", json={"grader": meteor}, headers=auth)
+    cosine = {"type": "text_similarity", "name": "t", "input": "a", "reference": "b",
+              "evaluation_metric": "cosine", "pass_threshold": 0.5}
+    refused = graders_client.post("/v1/graders/validate", json={"grader": cosine}, headers=auth)
     assert refused.status_code == 422
     assert refused.json()["error"]["field"] == "grader.evaluation_metric"
 

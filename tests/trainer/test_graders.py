@@ -6,9 +6,11 @@ import pytest
 from pydantic import ValidationError
 
 from trainer.graders import grade_batch, run_grader, sandbox_layer, validate_grader
-from trainer.graders import formula, templates
+from trainer.graders import formula, similarity, templates
 from trainer.graders.models import MAX_PYTHON_SOURCE_BYTES, check_dataset_fields, parse_grader
 
+needs_wordnet = pytest.mark.skipif(similarity.wordnet_dir() is None,
+                                   reason="needs WordNet data (Debian's wordnet-base)")
 needs_sandbox = pytest.mark.skipif(sandbox_layer() != "bubblewrap",
                                    reason="needs bubblewrap with user namespaces")
 
@@ -50,6 +52,12 @@ def test_string_check_operations(op, expected):
     ("bleu", "the quick brown fox jumps", "the quick brown fox jumps", 1.0),
     ("fuzzy_match", "hello world", "hello world", 1.0),
     ("fuzzy_match", "abcd", "wxyz", 0.0),
+    # METEOR: 3 of 3 words in one chunk -> (1 - 0.5 * (1/3)^3) = 0.98148; "auto" is a
+    # WordNet synonym of "car": 2 matches, 1 chunk -> 1 - 0.5 * (1/2)^3 = 0.9375; "bus" is
+    # not: P = R = 1/2, penalty 0.5 * 1^3 -> 0.25.
+    pytest.param("meteor", "the cat sat", "the cat sat", 1 - 0.5 / 27, marks=needs_wordnet),
+    pytest.param("meteor", "my car", "my auto", 0.9375, marks=needs_wordnet),
+    pytest.param("meteor", "my car", "my bus", 0.25, marks=needs_wordnet),
 ])
 def test_text_similarity_reference_values(metric, text, reference, expected):
     assert rewards(ts(metric), [text], [{"answer": reference}])[0] == pytest.approx(expected)
@@ -63,8 +71,10 @@ def test_bleu_and_fuzzy_rank_closer_texts_higher():
         assert 0.0 <= far < close < 1.0
 
 
-@pytest.mark.parametrize("metric", ["meteor", "cosine"])
-def test_unsupported_metrics_are_refused_by_name(metric):
+@pytest.mark.parametrize("metric,no_wordnet", [("cosine", False), ("meteor", True)])
+def test_unsupported_metrics_are_refused_by_name(metric, no_wordnet, monkeypatch):
+    if no_wordnet:
+        monkeypatch.setattr(similarity, "wordnet_dir", lambda: None)
     with pytest.raises(ValueError, match=f"evaluation_metric: .*'{metric}'"):
         validate_grader(ts(metric))
     result = grade_batch(ts(metric), ["x"], [{"answer": "x"}])[0]
