@@ -1,4 +1,5 @@
-"""One test per attack on the grader sandbox, through the real bubblewrap sandbox.
+"""One test per attack on the grader sandbox, through each real layer: bubblewrap, and the
+Landlock fallback for containers without user namespaces.
 
 Each attack is one sample of a batch graded by a python grader that attacks only for that
 sample's text; the batch also holds honest samples ("right" -> 1, "wrong" -> 0). Every test
@@ -16,14 +17,11 @@ import uuid
 import pytest
 
 from trainer.graders import GraderRuntime, sandbox_layer
+from trainer.graders.sandbox import layer as layers
 from trainer.graders.sandbox.layer import Limits
 from trainer.graders.sandbox.pool import processes_with as _tagged_processes
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(sandbox_layer() != "bubblewrap",
-                       reason="needs bubblewrap with user namespaces"),
-]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("layer")]
 LIMITS = Limits(memory_bytes=1024**3, tmp_bytes=32 * 1024**2, file_bytes=8 * 1024**2,
                 timeout_s=2.0)
 SECRET = "brorl-test-secret-" + uuid.uuid4().hex
@@ -56,6 +54,18 @@ def check(results, flag: str = "python_grader_runtime_error", contains: str = ""
     assert contains in bad.details, bad.details
 
 
+@pytest.fixture(params=["bubblewrap", "landlock"])
+def layer(request, monkeypatch):
+    """Each test runs once per layer; the Landlock one is forced by hiding bubblewrap."""
+    if request.param == "bubblewrap" and sandbox_layer() != "bubblewrap":
+        pytest.skip("needs bubblewrap with user namespaces")
+    if request.param == "landlock":
+        monkeypatch.setattr(layers, "_probe", lambda: False)
+        if layers.sandbox_layer() != "landlock":
+            pytest.skip("needs Landlock and libseccomp")
+    return request.param
+
+
 @pytest.fixture
 def listening_port():
     server = socket.socket()
@@ -85,7 +95,11 @@ def test_read_the_workers_environment(monkeypatch):
     monkeypatch.setenv("BRORL_SECRET_KEY", SECRET)
     check(attack("""
         assert 'BRORL_SECRET_KEY' not in os.environ, 'leaked'
-        for pid in os.listdir('/proc'):
+        try:
+            pids = os.listdir('/proc')
+        except OSError:
+            pids = []
+        for pid in pids:
             if pid.isdigit():
                 try:
                     if b'BRORL_SECRET_KEY' in open(f'/proc/{pid}/environ', 'rb').read():
@@ -103,13 +117,13 @@ def test_read_the_data_dir_sqlite_file_and_key(tmp_path, monkeypatch):
     check(attack("""
         for name in ('brorl.db', 'api.key'):
             open(os.path.join(item['secret_path'], name), 'rb').read()
-    """)[0], contains="FileNotFoundError")
+    """)[0], contains="Error: [Errno")
 
 
 def test_read_the_project_source():
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     check(attack(f"open({os.path.join(repo, 'pyproject.toml')!r}).read()")[0],
-          contains="FileNotFoundError")
+          contains="Error: [Errno")
 
 
 def test_write_outside_the_temp_folder():
@@ -130,7 +144,7 @@ def test_fill_the_disk():
             with open(f'/tmp/fill{n}', 'wb') as f:
                 for _ in range(8):
                     f.write(b'x' * 1024 * 1024)
-    """)[0], contains="OSError")
+    """)[0], contains="Error: [Errno")
 
 
 def test_allocate_10_gb():

@@ -14,7 +14,9 @@ PY = {"type": "python", "name": "p",
 
 @pytest.fixture
 def no_bubblewrap(monkeypatch):
+    """Neither bubblewrap nor Landlock: no layer meets the bar."""
     monkeypatch.setattr(layer, "_probe", lambda: False)
+    monkeypatch.setattr(layer, "landlock_abi", lambda: 0)
 
 
 def test_refused_without_a_layer(no_bubblewrap, monkeypatch):

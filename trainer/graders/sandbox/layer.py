@@ -7,15 +7,22 @@ Layers, best first:
   environment, a size-capped private tmpfs as the only writable place, a new session (no
   TIOCSTI), all capabilities dropped, and death with its parent (the pid namespace takes
   every process in it down). Inside, the runner adds rlimits and a seccomp filter.
-- "unsafe": no namespace layer works here and the operator set BRORL_UNSAFE_GRADERS=1. The
+- "landlock": for containers without user namespaces. The runner starts with an empty
+  environment and restricts itself with Landlock (read-only access to the Python
+  installation and libraries, nothing writable, no TCP, no signals outside), rlimits and a
+  seccomp filter that also forbids every socket. There is no private /tmp (graders cannot
+  write files) and no pid namespace (the filter forbids creating processes instead).
+- "unsafe": no isolation layer works here and the operator set BRORL_UNSAFE_GRADERS=1. The
   runner still runs with an empty environment, rlimits and the seccomp filter (no sockets,
   no fork/exec), but it can read whatever the worker's user can read. Documented as unsafe.
 - "none": nothing meets the bar; anything that needs a sandbox is refused (SandboxUnavailable).
+Both real layers are verified by the same attack tests (tests/sandbox/).
 `sandbox_layer()` probes once per process (a real bwrap start) and is what /readyz and the
 worker's start log report.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import os
@@ -103,11 +110,33 @@ def bwrap_command(limits: Limits) -> list[str]:
     return cmd
 
 
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 where there is none."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return max(0, int(libc.syscall(444, None, 0, 1)))  # LANDLOCK_CREATE_RULESET_VERSION
+    except (OSError, AttributeError):
+        return 0
+
+
+def landlock_reads() -> list[str]:
+    """What the landlock layer may read: libraries, the Python installation, the runner."""
+    reads = ["/usr", str(RUNNER.parent)] + _python_paths()
+    for name in ("/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache"):
+        if os.path.exists(name):
+            reads.append(os.path.realpath(name))
+    return sorted(set(reads))
+
+
 def runner_command(layer: str, mode: str, limits: Limits) -> list[str]:
     """argv that starts a runner in `mode` under `layer`."""
     python = [sys.executable, "-I", "-B"]
     if layer == "bubblewrap":
         return bwrap_command(limits) + python + [SANDBOX_RUNNER, mode, limits.runner_json()]
+    if layer == "landlock":
+        config = json.loads(limits.runner_json())
+        config["landlock"] = landlock_reads()
+        return python + [str(RUNNER), mode, json.dumps(config)]
     if layer == "unsafe":
         return python + [str(RUNNER), mode, limits.runner_json()]
     raise SandboxUnavailable(unavailable_message())
@@ -115,7 +144,7 @@ def runner_command(layer: str, mode: str, limits: Limits) -> list[str]:
 
 def runner_env(layer: str) -> dict[str, str]:
     # bwrap clears the environment itself; the unsafe layer gets the same empty one.
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if layer == "unsafe" else {
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if layer != "bubblewrap" else {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 
@@ -131,14 +160,25 @@ def _bwrap_works() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
+def _pyseccomp_loads() -> bool:
+    try:
+        import pyseccomp  # noqa: F401 - loads libseccomp through ctypes
+    except (ImportError, OSError, AttributeError):
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
 def _probe() -> bool:
     return _bwrap_works()
 
 
 def sandbox_layer() -> str:
-    """'bubblewrap', 'unsafe' (operator override, no isolation layer) or 'none'."""
+    """'bubblewrap', 'landlock', 'unsafe' (operator override, no isolation) or 'none'."""
     if _probe():
         return "bubblewrap"
+    if landlock_abi() >= 1 and _pyseccomp_loads():
+        return "landlock"
     if os.environ.get(UNSAFE_ENV) == "1":
         return "unsafe"
     return "none"
@@ -147,7 +187,8 @@ def sandbox_layer() -> str:
 def unavailable_message() -> str:
     return ("no grader sandbox is available here: python and code graders need bubblewrap "
             "(`apt-get install bubblewrap`) with unprivileged user namespaces (in Docker: "
-            "security_opt seccomp=unconfined and apparmor=unconfined on the worker); "
+            "security_opt seccomp=unconfined and apparmor=unconfined on the worker), or a "
+            "kernel with Landlock and libseccomp; "
             f"{UNSAFE_ENV}=1 runs them without isolation (unsafe)")
 
 

@@ -8,7 +8,8 @@ MODE LIMITS`): the sandbox shows it none of the project's code. Frames on stdin/
 - sets rlimits (address space, open files, file size, no core files, processes) and marks
   itself non-dumpable (no /proc/<pid>/mem or fd access from its children);
 - installs a seccomp filter (`_lock_down`): no fork/exec (so no fork bombs, daemons or
-  shells), signals only to itself, no ptrace, no sockets but AF_UNIX.
+  shells), signals only to itself, no ptrace, no sockets but AF_UNIX;
+- in the fallback layer (no bubblewrap), restricts itself with Landlock (`_landlock`).
 Mode "python": the runner locks itself down, then runs `grade(sample, item)` in-process
 for each sample of a request (compiled once per source), each under a wall-clock timer.
 Mode "code": the runner stays unlocked (it must fork) but runs no tenant code; each program
@@ -94,9 +95,49 @@ def _lock_down():
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     f.add_rule(deny, "kill", sc.Arg(0, sc.NE, pid))
     f.add_rule(deny, "tgkill", sc.Arg(0, sc.NE, pid))
-    f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
-    f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socketpair", sc.Arg(0, sc.NE, socket.AF_UNIX))
+    if LIMITS.get("landlock"):
+        # No network namespace here: no sockets at all (a Unix socket on the host's
+        # filesystem could reach a database).
+        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket")
+        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socketpair")
+    else:
+        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socketpair",
+                   sc.Arg(0, sc.NE, socket.AF_UNIX))
     f.load()
+
+
+def _landlock(read_paths):
+    """The fallback layer's filesystem and network bounds (Linux Landlock, unprivileged).
+
+    Read and execute only under `read_paths` (the Python installation and libraries) and
+    read/write on /dev/null; nothing is writable (the output file was opened before). ABI 4+
+    also forbids TCP bind/connect, ABI 6+ signals and abstract sockets outside the domain.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    abi = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, VERSION)
+    if abi < 1:
+        raise OSError(ctypes.get_errno(), "Landlock is not available")
+    fs = (1 << {1: 13, 2: 14, 3: 15, 4: 15}.get(abi, 16)) - 1
+    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    ruleset = libc.syscall(444, ctypes.c_char_p(attr[:size]), size, 0)
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    read, file_only = 1 | 4 | 8, 1 | 2 | 4 | (1 << 14) | (1 << 15)
+    rules = [(p, read) for p in read_paths] + [(os.devnull, 2 | 4)]
+    for path, access in rules:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        if not os.path.isdir(path):
+            access &= file_only
+        rule = struct.pack("=Qi", access & fs, fd)
+        if libc.syscall(445, ruleset, 1, ctypes.c_char_p(rule), 0) < 0:
+            raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
+        os.close(fd)
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    if libc.syscall(446, ruleset, 0) < 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    os.close(ruleset)
 
 
 def _private_fds():
@@ -329,7 +370,11 @@ def main():
     signal.signal(signal.SIGALRM, _on_alarm)
     import pyseccomp  # noqa: F401 - now, once: finding libseccomp runs ldconfig (a fork)
     fd_in, fd_out = _private_fds()
-    os.chdir("/tmp")
+    if LIMITS.get("landlock"):
+        _landlock(LIMITS["landlock"])
+        os.chdir("/")
+    else:
+        os.chdir("/tmp")
     _rlimits(address_space=(mode == "python"))
     _non_dumpable()
     send(fd_out, {"ready": True, "pid": os.getpid()})
