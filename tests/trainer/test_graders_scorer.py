@@ -54,3 +54,43 @@ def test_errors_and_timeouts_are_counted():
         metrics = step_metrics(scorer.last_results)
     assert result.scores == [1.0, 0.0, 0.0] and (result.errors, result.timeouts) == (2, 1)
     assert metrics["grader/errors"] == 2.0 and metrics["grader/timeouts"] == 1.0
+
+
+@pytest.mark.timeout(120)
+def test_builtin_verifiers_are_graders():
+    from trainer.graders import grade_batch
+
+    texts = ["<answer>4</answer>", "<answer>4.0000000001</answer>", "no answer", "<answer>5</answer>"]
+    items = [{"answer": "4"}] * 4
+    assert [r.reward for r in grade_batch({"type": "verifier", "name": "numeric"}, texts, items)] \
+        == [1.0, 1.0, 0.0, 0.0]
+    assert [r.reward for r in grade_batch({"type": "verifier", "name": "exact"}, texts, items)] \
+        == [1.0, 0.0, 0.0, 0.0]
+    multi = {"type": "multi", "name": "m", "calculate_output": "exact + 0.5 * numeric",
+             "graders": {"exact": {"type": "verifier", "name": "exact"},
+                         "numeric": {"type": "verifier", "name": "numeric"}}}
+    assert [r.reward for r in grade_batch(multi, texts[:2], items[:2])] == [1.5, 0.5]
+
+
+def test_reasoning_gym_verifier_needs_its_task():
+    from pydantic import ValidationError
+
+    from trainer.graders import parse_grader
+
+    with pytest.raises(ValidationError, match="task"):
+        parse_grader({"type": "verifier", "name": "reasoning_gym"})
+    assert parse_grader({"type": "verifier", "name": "reasoning_gym", "task": "chain_sum"}).task
+
+
+@pytest.mark.timeout(120)
+def test_reasoning_gym_scorer_as_a_grader():
+    import reasoning_gym
+
+    from trainer.graders import grade_batch
+
+    entry = reasoning_gym.create_dataset("chain_sum", size=1, seed=3)[0]
+    item = {**entry, "answer": entry["answer"]}
+    grader = {"type": "verifier", "name": "reasoning_gym", "task": "chain_sum", "config": {}}
+    right, wrong = grade_batch(grader, [f"<answer>{entry['answer']}</answer>",
+                                        "<answer>-123456</answer>"], [item, item])
+    assert (right.reward, wrong.reward) == (1.0, 0.0) and not right.failed

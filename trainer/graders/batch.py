@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 from trainer.graders import code, formula, similarity, templates
 from trainer.graders.models import (
-    CodeGrader, MultiGrader, PythonGrader, StringCheckGrader, TextSimilarityGrader, parse_grader)
+    CodeGrader, MultiGrader, PythonGrader, StringCheckGrader, TextSimilarityGrader,
+    VerifierGrader, parse_grader)
 from trainer.graders.sandbox.layer import Limits
 from trainer.graders.sandbox.pool import SandboxPool
 
@@ -74,6 +75,7 @@ class GraderRuntime:
         self.timeout_s = min(timeout_s or self.limits.timeout_s, self.limits.timeout_s)
         self.pool_size, self.tag = pool_size, tag
         self._pools: dict[str, SandboxPool] = {}
+        self._scorers: dict[Any, Any] = {}
 
     def pool(self, mode: str) -> SandboxPool:
         if mode not in self._pools:
@@ -84,6 +86,9 @@ class GraderRuntime:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+        for scorer in self._scorers.values():
+            scorer.close()
+        self._scorers.clear()
 
     def __enter__(self) -> "GraderRuntime":
         return self
@@ -113,6 +118,8 @@ class GraderRuntime:
             return self._python(grader, samples, items)
         if isinstance(grader, CodeGrader):
             return self._code(grader, samples, items)
+        if isinstance(grader, VerifierGrader):
+            return self._verifier(grader, samples, items)
         return [_deterministic(grader, s, i) for s, i in zip(samples, items)]
 
     def _multi(self, grader: MultiGrader, samples, items) -> list[GradeResult]:
@@ -166,6 +173,35 @@ class GraderRuntime:
         for (n, _), parsed, reply in zip(jobs, tests, replies):
             _code_result(results[n], parsed, reply)
         return results
+
+
+    def _verifier(self, grader: VerifierGrader, samples, items) -> list[GradeResult]:
+        """The trainer's own verifiers, in their timed, crash-isolated process pool."""
+        from types import SimpleNamespace
+
+        from trainer.tasks.base import VerifierSpec
+        from trainer.tasks.scoring import Scorer
+        from trainer.tasks.scoring_worker import ERROR, TIMEOUT
+
+        if grader.name == "reasoning_gym":
+            spec = VerifierSpec.of("reasoning_gym", name=grader.task, config=grader.config)
+        else:
+            spec = VerifierSpec.of("dataset", verifier=grader.name,
+                                   numeric_tolerance=grader.numeric_tolerance)
+        if spec not in self._scorers:
+            self._scorers[spec] = Scorer(SimpleNamespace(verifier_spec=spec), reward="score",
+                                         timeout_s=min(self.timeout_s, 30.0))
+        done = self._scorers[spec].score_each(
+            [(s["output_text"], str(i.get("answer", "")), i) for s, i in zip(samples, items)])
+        out = []
+        for score, status in done:
+            result = GradeResult(reward=float(score))
+            if status == TIMEOUT:
+                result.fail("unresponsive_reward_error", "verifier timed out")
+            elif status == ERROR:
+                result.fail("other_error", "verifier failed on this sample")
+            out.append(result)
+        return out
 
 
 def _deterministic(grader, sample: dict, item: dict) -> GradeResult:

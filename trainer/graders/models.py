@@ -131,6 +131,32 @@ class CodeGrader(_Grader):
         return super().item_fields() | {self.tests}
 
 
+class VerifierGrader(_Grader):
+    """A built-in verifier as a grader, so every reward takes the same path.
+
+    `name` picks it: `exact`, `numeric`, `math`, `regex` (the dataset verifiers) or
+    `reasoning_gym` (the task's own scorer; `task` and `config` name the dataset). The
+    answer is what the completion puts in <answer>...</answer>, checked against
+    `item.answer`; a completion without one scores 0.
+    """
+
+    type: Literal["verifier"]
+    name: Literal["exact", "numeric", "math", "regex", "reasoning_gym"]
+    numeric_tolerance: float = Field(default=1e-6, ge=0, le=1e6)
+    task: str | None = Field(default=None, max_length=128)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _task(self) -> "VerifierGrader":
+        if (self.name == "reasoning_gym") != (self.task is not None):
+            raise ValueError("task (a reasoning-gym dataset name) is required for "
+                             "name 'reasoning_gym' and only for it")
+        return self
+
+    def item_fields(self) -> set[str]:
+        return {"answer"}
+
+
 class MultiGrader(_Grader):
     """Several graders and a formula over their scores (`calculate_output`)."""
 
@@ -171,7 +197,8 @@ class MultiGrader(_Grader):
 
 
 Grader = Annotated[
-    Union[StringCheckGrader, TextSimilarityGrader, PythonGrader, CodeGrader, MultiGrader],
+    Union[StringCheckGrader, TextSimilarityGrader, PythonGrader, CodeGrader, VerifierGrader,
+          MultiGrader],
     Field(discriminator="type"),
 ]
 MultiGrader.model_rebuild()
