@@ -151,6 +151,33 @@ def test_allocate_10_gb():
     check(attack("bytearray(10 * 1024**3)")[0], contains="MemoryError")
 
 
+def test_a_background_thread_that_outlives_its_sample():
+    """A thread left behind keeps firing timer signals at its runner: the runner is replaced
+    right after that sample, so the samples graded after it (in this call and the next)
+    are not hit."""
+    source = ("import os, signal, threading, time\n"
+              "def sabotage():\n"
+              "    for _ in range(400):\n"
+              "        time.sleep(0.005)\n"
+              "        os.kill(os.getpid(), signal.SIGALRM)\n"
+              "def grade(sample, item):\n"
+              "    if sample['output_text'] == 'ATTACK':\n"
+              "        threading.Thread(target=sabotage, daemon=True).start()\n"
+              "        raise RuntimeError('left a thread behind')\n"
+              "    time.sleep(0.02)\n"
+              "    return 1.0 if sample['output_text'] == item['answer'] else 0.0\n")
+    grader = {"type": "python", "name": "thread", "source": source}
+    tag = "brorl-attack-" + uuid.uuid4().hex
+    with GraderRuntime(pool_size=1, limits=LIMITS, tag=tag) as runtime:
+        first = runtime.grade(grader, ["right", "ATTACK"] + ["right"] * 10,
+                              [{"answer": "right"}] * 12)
+        later = runtime.grade(grader, ["right", "wrong"] * 5, [{"answer": "right"}] * 10)
+    assert _tagged_processes(tag) == []
+    assert first[1].errors["python_grader_runtime_error"] and "left a thread" in first[1].details
+    assert [r.reward for r in first[2:]] == [1.0] * 10, [r.details for r in first[2:]]
+    assert [r.reward for r in later] == [1.0, 0.0] * 5 and not any(r.failed for r in later), [r.details for r in later]
+
+
 def test_fork_bomb():
     check(attack("""
         for _ in range(10000):

@@ -34,3 +34,21 @@ def test_unsafe_override_still_runs_rlimits_and_seccomp(no_bubblewrap, monkeypat
         ok, forked = runtime.grade(PY, ["x", "fork"], [{}, {}])
     assert ok.reward == 0.5 and not ok.failed
     assert forked.errors["python_grader_runtime_error"] and "PermissionError" in forked.details
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(layer.sandbox_layer() == "none", reason="needs a grader sandbox")
+def test_runners_are_reused_across_batches():
+    """One long-lived runner serves batch after batch (bwrap's die-with-parent follows the
+    thread that started it, so starting runners from a batch's worker threads would kill
+    them after every batch)."""
+    import time
+
+    ok = {"type": "python", "name": "ok", "source": "def grade(sample, item):\n    return 1.0\n"}
+    with GraderRuntime(pool_size=1) as runtime:
+        runtime.grade(ok, ["x"] * 5, [{}] * 5)
+        pool = runtime.pool("python")
+        first = list(pool._all)
+        time.sleep(0.3)
+        assert [r.reward for r in runtime.grade(ok, ["x"] * 7, [{}] * 7)] == [1.0] * 7
+        assert pool._all == first and first[0].alive() and first[0].served == 12

@@ -11,6 +11,7 @@ take every process inside down with it, so nothing a sample started survives.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import queue
@@ -140,9 +141,14 @@ class SandboxPool:
         self._all: list[Runner] = []
         self._lock = threading.Lock()
         self._closed = False
+        # bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that
+        # started it ends: runners are started from this one long-lived thread, not from
+        # a batch's short-lived workers (whose exit would SIGKILL them after every batch).
+        self._spawner = concurrent.futures.ThreadPoolExecutor(1, "sandbox-spawner")
 
     def _start(self) -> Runner:
-        runner = Runner(self.layer, self.mode, self.limits, self.tag)
+        runner = self._spawner.submit(Runner, self.layer, self.mode, self.limits,
+                                      self.tag).result()
         with self._lock:
             self._all.append(runner)
         return runner
@@ -174,19 +180,26 @@ class SandboxPool:
                 for index, _ in todo:
                     results[index] = {"fault": f"sandbox could not start: {exc}"}
                 return
+            restart = False
             try:
                 runner.send(make_request([payload for _, payload in todo]))
-                while todo:
+                while todo and not restart:
                     index, _ = todo[0]
                     results[index] = runner.recv(item_timeout_s)
                     todo.pop(0)
                     runner.served += 1
+                    # The runner quits after a sample that left it unfit (stray threads,
+                    # memory exhausted); the rest of the chunk goes to a fresh one.
+                    restart = bool(results[index].pop("restart", False))
             except SandboxFault as exc:
                 self._discard(runner)
                 index, _ = todo.pop(0)
                 results[index] = {"fault": str(exc)}
                 continue
-            self._idle.put(runner)
+            if restart:
+                self._discard(runner)
+            else:
+                self._idle.put(runner)
 
     def map(self, payloads: Sequence[Any], make_request: Callable[[list], dict],
             item_timeout_s: float, chunk: int = 32) -> list[dict]:
@@ -223,6 +236,7 @@ class SandboxPool:
             runners, self._all = list(self._all), []
         for runner in runners:
             runner.kill()
+        self._spawner.shutdown(wait=True)
 
     def __enter__(self) -> "SandboxPool":
         return self

@@ -238,13 +238,22 @@ def _one_python(source, sample, item, timeout_s):
 
 
 def serve_python(fd_in, fd_out):
+    """Grade samples in-process; quit (the pool starts a fresh runner for the rest) after a
+    sample that left threads running or ran out of memory, which would otherwise slow down
+    or fail the samples after it."""
+    import threading
+
     _lock_down()
     while True:
         request = recv(fd_in)
         for sample, item in request["samples"]:
             result = _one_python(request["source"], sample, item, request["timeout_s"])
             result["output"] = _output_tail()
+            result["restart"] = (threading.active_count() > 1
+                                 or str(result.get("details", "")).startswith("MemoryError"))
             send(fd_out, result)
+            if result["restart"]:
+                os._exit(0)
 
 
 # ---------------------------------------------------------------------------- code mode
