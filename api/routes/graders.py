@@ -20,8 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.graders import (
     Grader, GraderRuntime, SandboxUnavailable, needs_sandbox, run_grader, sandbox_layer)
+from trainer.graders.judges import JudgeError, get_judge
+from trainer.graders.models import (
+    LabelModelGrader, MultiGrader, ScoreModelGrader, TextSimilarityGrader)
 from trainer.graders.similarity import UnsupportedMetric, check_metric
-from trainer.graders.models import MultiGrader, TextSimilarityGrader
 
 from api.deps import TenantDep
 from api.errors import ApiError, field_error
@@ -45,6 +47,12 @@ class RunRequest(BaseModel):
 
 
 def _check_metrics(grader: Any, path: str = "grader") -> None:
+    """422 for what validates but cannot run here: a metric or a judge this server lacks."""
+    if isinstance(grader, (ScoreModelGrader, LabelModelGrader)):
+        try:
+            get_judge(grader.model)
+        except JudgeError as exc:
+            raise field_error(f"{path}.model", str(exc)) from None
     if isinstance(grader, TextSimilarityGrader):
         try:
             check_metric(grader.evaluation_metric)

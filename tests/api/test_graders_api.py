@@ -41,6 +41,16 @@ def test_validate_returns_the_grader_or_names_the_field(graders_client, auth):
     assert refused.json()["error"]["field"] == "grader.evaluation_metric"
 
 
+def test_unconfigured_judge_is_a_422_naming_model(graders_client, auth, monkeypatch):
+    monkeypatch.delenv("BRORL_JUDGES", raising=False)
+    judge = {"type": "label_model", "name": "j", "model": "http://10.0.0.1/v1",
+             "input": [{"role": "user", "content": "{{ sample.output_text }}"}],
+             "labels": ["a", "b"], "passing_labels": ["a"]}
+    r = graders_client.post("/v1/graders/run", headers=auth,
+                            json={"grader": judge, "model_sample": "x"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "grader.model"
+
+
 def test_needs_a_key(graders_client):
     assert graders_client.post("/v1/graders/validate", json={"grader": SC}).status_code == 401
     assert graders_client.post("/v1/graders/run", json={"grader": SC,

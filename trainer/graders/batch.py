@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from trainer.graders import code, formula, similarity, templates
+from trainer.graders import code, formula, judges, similarity, templates
 from trainer.graders.models import (
-    CodeGrader, MultiGrader, PythonGrader, StringCheckGrader, TextSimilarityGrader,
-    VerifierGrader, parse_grader)
+    CodeGrader, LabelModelGrader, MultiGrader, PythonGrader, ScoreModelGrader,
+    StringCheckGrader, TextSimilarityGrader, VerifierGrader, parse_grader)
 from trainer.graders.sandbox.layer import Limits
 from trainer.graders.sandbox.pool import SandboxPool
 
@@ -120,6 +120,8 @@ class GraderRuntime:
             return self._code(grader, samples, items)
         if isinstance(grader, VerifierGrader):
             return self._verifier(grader, samples, items)
+        if isinstance(grader, (ScoreModelGrader, LabelModelGrader)):
+            return _judged(grader, samples, items)
         return [_deterministic(grader, s, i) for s, i in zip(samples, items)]
 
     def _multi(self, grader: MultiGrader, samples, items) -> list[GradeResult]:
@@ -202,6 +204,42 @@ class GraderRuntime:
                 result.fail("other_error", "verifier failed on this sample")
             out.append(result)
         return out
+
+
+def _judged(grader, samples: list[dict], items: list[dict]) -> list[GradeResult]:
+    """score_model / label_model: one chat call per sample to the configured judge."""
+    try:
+        judge = judges.get_judge(grader.model)
+    except judges.JudgeError as exc:
+        return [GradeResult().fail("other_error", str(exc)) for _ in samples]
+    labels = grader.labels if isinstance(grader, LabelModelGrader) else None
+    bounds = None if labels is not None else tuple(grader.range)
+    sampling = grader.sampling_params.model_dump(exclude_none=True)
+
+    def call(sample: dict, item: dict):
+        messages = [{"role": m.role, "content": templates.render(m.content, item, sample)}
+                    for m in grader.input]
+        return lambda: judges.ask(judge, messages, sampling, labels, bounds)
+
+    out = []
+    for answer, flag, details in judges.ask_all([call(s, i) for s, i in zip(samples, items)]):
+        result = GradeResult()
+        if flag is not None:
+            out.append(result.fail(flag, details))
+            continue
+        if labels is not None:
+            if answer not in labels:
+                result.fail("sample_parse_error", f"judge label {answer!r} is not one of labels")
+            else:
+                result.reward = float(answer in grader.passing_labels)
+        else:
+            score = judges.score_of(answer, *grader.range)
+            if score is None:
+                result.fail("sample_parse_error", f"judge result {answer!r} is not a number")
+            else:
+                result.reward = score
+        out.append(result)
+    return out
 
 
 def _deterministic(grader, sample: dict, item: dict) -> GradeResult:
@@ -308,6 +346,11 @@ def validate_grader(data: Any):
     """
     grader = parse_grader(data)
     for node in _walk(grader):
+        if isinstance(node, (ScoreModelGrader, LabelModelGrader)):
+            try:
+                judges.get_judge(node.model)
+            except judges.JudgeError as exc:
+                raise judges.JudgeError(f"{node.name}: model: {exc}") from None
         if isinstance(node, TextSimilarityGrader):
             try:
                 similarity.check_metric(node.evaluation_metric)

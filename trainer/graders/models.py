@@ -157,6 +157,67 @@ class VerifierGrader(_Grader):
         return {"answer"}
 
 
+class Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str = Field(max_length=templates.MAX_TEMPLATE_CHARS)
+    type: Literal["message"] | None = None
+
+    _check_content = field_validator("content")(_template)
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    max_completions_tokens: int | None = Field(default=None, ge=1, le=32768)
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+
+
+class _ModelGrader(_Grader):
+    """An LLM judge; `model` names a judge the operator configured (never a URL)."""
+
+    model: str = Field(min_length=1, max_length=128)
+    input: list[Message] = Field(min_length=1, max_length=32)
+
+    def templates(self) -> dict[str, str]:
+        return {f"input.{i}.content": m.content for i, m in enumerate(self.input)}
+
+
+class ScoreModelGrader(_ModelGrader):
+    """The judge's numeric `result`, within `range`."""
+
+    type: Literal["score_model"]
+    range: tuple[float, float] = (0.0, 1.0)
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+
+    @field_validator("range")
+    @classmethod
+    def _range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not value[0] < value[1]:
+            raise ValueError("range must be [low, high] with low < high")
+        return value
+
+
+class LabelModelGrader(_ModelGrader):
+    """1 if the judge's label is one of `passing_labels`, else 0."""
+
+    type: Literal["label_model"]
+    labels: list[str] = Field(min_length=2, max_length=64)
+    passing_labels: list[str] = Field(min_length=1, max_length=64)
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+
+    @model_validator(mode="after")
+    def _passing(self) -> "LabelModelGrader":
+        unknown = sorted(set(self.passing_labels) - set(self.labels))
+        if unknown:
+            raise ValueError(f"passing_labels {unknown} are not among labels")
+        return self
+
+
 class MultiGrader(_Grader):
     """Several graders and a formula over their scores (`calculate_output`)."""
 
@@ -198,7 +259,7 @@ class MultiGrader(_Grader):
 
 Grader = Annotated[
     Union[StringCheckGrader, TextSimilarityGrader, PythonGrader, CodeGrader, VerifierGrader,
-          MultiGrader],
+          ScoreModelGrader, LabelModelGrader, MultiGrader],
     Field(discriminator="type"),
 ]
 MultiGrader.model_rebuild()
