@@ -52,3 +52,23 @@ def test_runners_are_reused_across_batches():
         time.sleep(0.3)
         assert [r.reward for r in runtime.grade(ok, ["x"] * 7, [{}] * 7)] == [1.0] * 7
         assert pool._all == first and first[0].alive() and first[0].served == 12
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(layer.sandbox_layer() == "none", reason="needs a grader sandbox")
+def test_a_runner_that_died_while_idle_is_not_charged_to_the_next_sample():
+    import os
+    import signal
+
+    from trainer.graders.sandbox.pool import processes_with
+
+    ok = {"type": "python", "name": "ok", "source": "def grade(sample, item):\n    return 1.0\n"}
+    with GraderRuntime(pool_size=1) as runtime:
+        runtime.grade(ok, ["x"], [{}])
+        (runner,) = runtime.pool("python")._all
+        # The runner dies between batches; its bwrap may still look alive for a moment.
+        for pid in processes_with(runner.token):
+            if pid != runner.proc.pid:
+                os.kill(pid, signal.SIGKILL)
+        results = runtime.grade(ok, ["x"] * 3, [{}] * 3)
+    assert [r.reward for r in results] == [1.0] * 3 and not any(r.failed for r in results)

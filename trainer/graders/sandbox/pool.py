@@ -58,9 +58,13 @@ class Runner:
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=runner_env(layer),
             start_new_session=True, close_fds=True)
         self.served = 0
-        hello = self.recv(START_TIMEOUT_S)
-        if not hello.get("ready"):
-            raise SandboxFault(f"sandbox did not start: {hello}")
+        try:
+            hello = self.recv(START_TIMEOUT_S)
+            if not hello.get("ready"):
+                raise SandboxFault(f"sandbox did not start: {hello}")
+        except BaseException:
+            self.kill()
+            raise
 
     def send(self, obj: Any) -> None:
         data = json.dumps(obj).encode()
@@ -173,6 +177,7 @@ class SandboxPool:
                    item_timeout_s: float, results: list) -> None:
         """Results of a chunk's items; a fault is charged to the item in flight."""
         todo = list(chunk)
+        spare_retry = True
         while todo:
             try:
                 runner = self._acquire()
@@ -180,12 +185,13 @@ class SandboxPool:
                 for index, _ in todo:
                     results[index] = {"fault": f"sandbox could not start: {exc}"}
                 return
-            restart = False
+            restart, reused, answered = False, runner.served > 0, False
             try:
                 runner.send(make_request([payload for _, payload in todo]))
                 while todo and not restart:
                     index, _ = todo[0]
                     results[index] = runner.recv(item_timeout_s)
+                    answered = True
                     todo.pop(0)
                     runner.served += 1
                     # The runner quits after a sample that left it unfit (stray threads,
@@ -193,6 +199,11 @@ class SandboxPool:
                     restart = bool(results[index].pop("restart", False))
             except SandboxFault as exc:
                 self._discard(runner)
+                if reused and not answered and spare_retry:
+                    # A reused runner that died while idle is not this item's fault: one
+                    # retry on a fresh runner before the item is charged.
+                    spare_retry = False
+                    continue
                 index, _ = todo.pop(0)
                 results[index] = {"fault": str(exc)}
                 continue
