@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainer.graders import GraderRuntime, sandbox_layer, validate_grader
+from trainer.tasks.dataset_task import count_valid_rows
 
 ROOT = Path(__file__).resolve().parents[2] / "examples"
 
@@ -24,8 +25,11 @@ def test_example_graders_validate(path, monkeypatch):
 @pytest.mark.skipif(sandbox_layer() != "bubblewrap", reason="needs bubblewrap")
 @pytest.mark.timeout(120)
 def test_code_dataset_reference_solutions_pass():
-    rows = [json.loads(line) for line in (ROOT / "data" / "code_problems.jsonl").open()]
+    path = ROOT / "data" / "code_problems.jsonl"
+    rows = [json.loads(line) for line in path.open()]
     assert len(rows) >= 30
+    with path.open("rb") as fh:  # it uploads as a dataset as it is
+        assert count_valid_rows(fh, 1 << 20) == len(rows)
     answers = [f"```python\n{row['answer']}```" for row in rows]
     grader = json.loads((ROOT / "graders" / "code.json").read_text())
     with GraderRuntime() as runtime:
