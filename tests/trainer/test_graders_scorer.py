@@ -79,7 +79,15 @@ def test_reasoning_gym_verifier_needs_its_task():
 
     with pytest.raises(ValidationError, match="task"):
         parse_grader({"type": "verifier", "name": "reasoning_gym"})
+    with pytest.raises(ValidationError, match="(?s)task.*not a reasoning-gym dataset"):
+        parse_grader({"type": "verifier", "name": "reasoning_gym", "task": ""})
     assert parse_grader({"type": "verifier", "name": "reasoning_gym", "task": "chain_sum"}).task
+    from trainer.graders import grade_batch
+
+    bad_config = {"type": "verifier", "name": "reasoning_gym", "task": "chain_sum",
+                  "config": {"no_such_option": 1}}
+    result = grade_batch(bad_config, ["<answer>1</answer>"], [{"answer": "1"}])[0]
+    assert result.errors["other_error"] and "could not be built" in result.details
 
 
 @pytest.mark.timeout(120)

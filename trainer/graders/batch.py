@@ -191,8 +191,12 @@ class GraderRuntime:
             spec = VerifierSpec.of("dataset", verifier=grader.name,
                                    numeric_tolerance=grader.numeric_tolerance)
         if spec not in self._scorers:
-            self._scorers[spec] = Scorer(SimpleNamespace(verifier_spec=spec), reward="score",
-                                         timeout_s=min(self.timeout_s, 30.0))
+            try:
+                self._scorers[spec] = Scorer(SimpleNamespace(verifier_spec=spec),
+                                             reward="score", timeout_s=min(self.timeout_s, 30.0))
+            except Exception as exc:  # noqa: BLE001 - e.g. a config the task refuses
+                why = f"verifier could not be built: {type(exc).__name__}: {exc}"
+                return [GradeResult().fail("other_error", why[:2000]) for _ in samples]
         done = self._scorers[spec].score_each(
             [(s["output_text"], str(i.get("answer", "")), i) for s, i in zip(samples, items)])
         out = []

@@ -10,6 +10,7 @@ Models are frozen and forbid unknown fields, like the job spec they will live in
 from __future__ import annotations
 
 import ast
+import difflib
 
 from typing import Annotated, Any, Literal, Union
 
@@ -151,6 +152,13 @@ class VerifierGrader(_Grader):
         if (self.name == "reasoning_gym") != (self.task is not None):
             raise ValueError("task (a reasoning-gym dataset name) is required for "
                              "name 'reasoning_gym' and only for it")
+        if self.task is not None:
+            from reasoning_gym.factory import DATASETS  # lazily: only this type needs it
+
+            if self.task not in DATASETS:
+                close = difflib.get_close_matches(self.task, sorted(DATASETS), n=3)
+                raise ValueError(f"task {self.task!r} is not a reasoning-gym dataset"
+                                 f"{f' (did you mean {close})' if close else ''}")
         return self
 
     def item_fields(self) -> set[str]:
