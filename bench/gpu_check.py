@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.run import make_optimizer  # noqa: E402
 from trainer.engines.hf_engine import HFEngine  # noqa: E402
-from trainer.models import disable_dropout  # noqa: E402
-from trainer.update import (UpdateConfig, auto_micro_batch_tokens, ppo_update,  # noqa: E402
+from trainer.models.loading import disable_dropout  # noqa: E402
+from trainer.optim.update import (UpdateConfig, auto_micro_batch_tokens, ppo_update,  # noqa: E402
                             sequence_logprobs)
 from trainer.rollouts import Rollouts, SamplingConfig  # noqa: E402
 from trainer.spec import OptimSpec  # noqa: E402

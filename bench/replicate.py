@@ -139,7 +139,7 @@ def phase_a(args, base: dict) -> dict:
 
 def arms(args, base: dict) -> list[dict]:
     """The two phase-(b) arms: N, prompts per step, lr, eval cadence, step cap."""
-    from trainer.schedule import scaled_lr
+    from trainer.algo.schedule import scaled_lr
 
     small = args.n_small * args.prompts_small
     if args.prompts_large:

@@ -77,7 +77,7 @@ def spec_for(cfg: dict):
 def child_prep(cfg: dict) -> None:
     """Build (or find) the models once, so no measured process pays for building them."""
     from trainer.run import build_run, cache_dir
-    from trainer.tiny_model import build_tiny_model
+    from trainer.models.tiny import build_tiny_model
 
     _threads(cfg["threads"])
     with tempfile.TemporaryDirectory() as tmp:

@@ -34,7 +34,7 @@ def _load(spec_path: Path, **resources: int):
 
 def schedule(spec_path: Path = typer.Argument(..., help="Job spec (YAML or JSON).")) -> None:
     """Print the stage table (n, prompts, samples per step, lr, steps) without running anything."""
-    from trainer.schedule import plan, stage_warning
+    from trainer.algo.schedule import plan, stage_warning
 
     spec = _load(spec_path)
     table = Table(title=f"{spec.name}: {spec.total_steps} steps, lr rule {spec.optim.lr_scaling}")
@@ -61,8 +61,8 @@ def train(
     """Train locally: rich progress, metrics appended to OUT/metrics.jsonl, checkpoints in OUT."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trainer import checkpoint
-    from trainer.loop import train as run_train
+    from trainer.checkpoints import io as checkpoint
+    from trainer import train as run_train
     from trainer.sink import JsonlSink
 
     spec = _load(spec_path, **({"gpus_per_node": nproc} if nproc else {}))

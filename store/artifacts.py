@@ -5,7 +5,7 @@ Layout (the database stores absolute paths, so moving the dir means a migration 
     {artifact_dir}/datasets/{dataset_id}.jsonl    uploaded datasets
 Each attempt writes only into its own folder: a worker that lost its lease (fenced) and has
 not noticed yet can never overwrite or prune the files of the attempt that took the job over.
-The checkpoint folder's name, manifest and archive are defined in `trainer.ckpt_format`.
+The checkpoint folder's name, manifest and archive are defined in `trainer.checkpoints.format`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from store.settings import Settings
-from trainer import ckpt_format
+from trainer.checkpoints import format as ckpt_format
 
 
 
@@ -31,7 +31,7 @@ def attempt_dir(settings: Settings, job_id: str, attempt: int) -> Path:
 
 
 def checkpoint_dir(settings: Settings, job_id: str, attempt: int, step: int) -> Path:
-    """Where attempt `attempt` writes the checkpoint of `step` (see trainer.checkpoint)."""
+    """Where attempt `attempt` writes the checkpoint of `step` (see trainer.checkpoints.io)."""
     return attempt_dir(settings, job_id, attempt) / "checkpoints" / ckpt_format.folder_name(step)
 
 

@@ -1,4 +1,4 @@
-"""`train(spec, sink, should_stop, resume=None)`: the BroRL loop, top to bottom.
+"""The BroRL loop in one process (or on one rank), top to bottom; `trainer.entry.train` calls it.
 
 Each step: maybe evaluate -> pick prompts -> generate N rollouts per prompt -> score ->
 advantages -> filter (refill) -> PPO mini-batches (micro-batched backward) -> optimizer step
@@ -13,25 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trainer import checkpoint, distributed
+from trainer.checkpoints import io as checkpoint
+from trainer.dist import collectives as distributed
 from trainer.run import RESUMED_COUNTERS, Run, build_run
-from trainer.data import mix_seed
+from trainer.prompt_stream import mix_seed
 from trainer.evaluate import EvalContext, evaluate
-from trainer.schedule import broaden, stage_for_step, stage_warning
+from trainer.algo.schedule import broaden, stage_for_step, stage_warning
+from trainer.result import TrainResult
 from trainer.sink import MetricsSink
 from trainer.spec import JobSpec
 from trainer.step import run_step
 from trainer.stop import StopRequested, never, stop_check
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainResult:
-    steps_completed: int
-    stopped: bool                       # should_stop() ended the run early
-    last_eval: dict[str, float] | None
-    last_checkpoint: Path | None
 
 
 def _due(every: int, step: int) -> bool:
@@ -112,28 +106,19 @@ def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None
     log.info("broadened at step %d: n %d -> %d (%s)", step, prev.n, new.n, reason)
 
 
-def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], resume: Path | None = None,
-          *, out_dir: Path, dataset_path: Path | None = None,
-          on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
-    """Run `spec` to the end of its schedule (or until `should_stop()`); see module docstring.
-
-    Steps are counted from 1: metrics row `s` describes the s-th update; checkpoint `s` holds the
-    weights after it. `resume` is a checkpoint folder of the same spec. `on_step` is an optional
-    progress callback (the CLI's progress bar). `resources.gpus_per_node` > 1 runs the job on
-    that many ranks under torchrun (`trainer.launch`); each rank then comes back here.
-    """
+def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool],
+                     resume: Path | None = None, *, out_dir: Path, dataset_path: Path | None = None,
+                     on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
+    """`trainer.entry.train`'s contract, in this process; on ranks, each rank runs this."""
     if spec.resources.gpus_per_node > 1 and not distributed.launched_as_rank():
-        from trainer.launch import train_distributed
-
-        return train_distributed(spec, sink, should_stop, resume, out_dir=Path(out_dir),
-                                 dataset_path=dataset_path, on_step=on_step)
+        raise ValueError("a job with resources.gpus_per_node > 1 runs on ranks: call trainer.train")
     # On ranks a stop is agreed at step boundaries only: one rank leaving a phase early would
     # leave the others waiting in a collective (the launcher kills ranks after a grace period).
     check = never if distributed.active() else stop_check(should_stop)
     try:
         run = build_run(spec, Path(out_dir), resume, dataset_path, check)
     except StopRequested:  # during the warm start of builtin:tiny
-        return TrainResult(steps_completed=0, stopped=True, last_eval=None, last_checkpoint=None)
+        return TrainResult.stopped_before_start()
     total = spec.total_steps
     start = done = run.state.step  # `done`: steps whose update, metrics and eval all finished
     last_eval, last_ckpt, stopped = None, None, False

@@ -16,13 +16,14 @@ from typing import Callable
 
 import torch
 
-from trainer import checkpoint, distributed
-from trainer.data import PromptStream
+from trainer.checkpoints import io as checkpoint
+from trainer.dist import collectives as distributed
+from trainer.prompt_stream import PromptStream
 from trainer.engines import make_engine
-from trainer.models import compute_dtype, load_policy, resolve_device
-from trainer.advantages import ADVANTAGES, AdvantageFn
-from trainer.update import UpdateConfig, auto_micro_batch_tokens
-from trainer.schedule import Plateau, StagePlan, replan, widest_samples
+from trainer.models.loading import compute_dtype, load_policy, resolve_device
+from trainer.algo.advantages import ADVANTAGES, AdvantageFn
+from trainer.optim.update import UpdateConfig, auto_micro_batch_tokens
+from trainer.algo.schedule import Plateau, StagePlan, replan, widest_samples
 from trainer.spec import JobSpec
 from trainer.stop import never
 from trainer.tasks import build_task
@@ -38,10 +39,10 @@ def make_optimizer(params, optim_spec, lr: float,
                    device_dtype: torch.dtype | None = None) -> torch.optim.Optimizer:
     """AdamW over the float32 master weights; `8bit` keeps its moments in 8 bits (bitsandbytes);
     `cpu_offload` keeps masters and moments on the CPU and casts the device weights to
-    `device_dtype` (the compute dtype), as ZeRO-Offload does (`trainer/offload.py`)."""
+    `device_dtype` (the compute dtype), as ZeRO-Offload does (`trainer/optim/offload.py`)."""
     o = optim_spec
     if o.optimizer_state == "cpu_offload":
-        from trainer.offload import CPUOffloadAdamW
+        from trainer.optim.offload import CPUOffloadAdamW
 
         return CPUOffloadAdamW(params, device_dtype=device_dtype, lr=lr, betas=o.betas,
                                weight_decay=o.weight_decay)
@@ -136,7 +137,7 @@ def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Calla
                     **build: object) -> Path:
     """Build (or reuse) the built-in tiny model, warm-started on this task's training split
     (`build`: build_tiny_model's knobs, e.g. a test's shorter warm start)."""
-    from trainer.tiny_model import ensure_tiny_model
+    from trainer.models.tiny import ensure_tiny_model
 
     key = tiny_model_key(spec)
     template = spec.task.prompt_template
@@ -175,7 +176,7 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
 
 def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
               stop_check: Callable[[], None] = never) -> Run:
-    """Everything the loop needs. On torchrun's ranks (trainer/launch.py joined the process
+    """Everything the loop needs. On torchrun's ranks (trainer/dist/launch.py joined the process
     group first) the policy is sharded with FSDP2 and each rank's engine holds a whole copy."""
     torch.manual_seed(spec.seed)
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer import distributed
+from trainer.dist import collectives as distributed
 from trainer.run import Run
-from trainer.data import mix_seed
-from trainer.filtering import filter_rollouts, solve_fractions
-from trainer.update import ppo_update, sequence_logprobs
+from trainer.prompt_stream import mix_seed
+from trainer.algo.filtering import filter_rollouts, solve_fractions
+from trainer.optim.update import ppo_update, sequence_logprobs
 from trainer.rollouts import Rollouts, SamplingConfig, concat_rollouts
-from trainer.schedule import StagePlan, lr_at
+from trainer.algo.schedule import StagePlan, lr_at
 
 
 @dataclass

@@ -33,7 +33,7 @@ from store import jobs
 from store.db import session_scope
 from store.errors import Fenced
 from store.models import EventType
-from trainer import ckpt_format
+from trainer.checkpoints import format as ckpt_format
 
 log = logging.getLogger(__name__)
 _EVENT_TYPES = frozenset(t.value for t in EventType)

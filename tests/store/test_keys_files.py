@@ -13,7 +13,7 @@ from store import artifacts, datasets, keys
 from store.db import get_engine, get_sessionmaker, make_engine, normalize_url, session_scope
 from store.models import ApiKey, Tenant
 from store.settings import Settings, get_settings, reset_settings_cache
-from trainer import ckpt_format
+from trainer.checkpoints import format as ckpt_format
 
 
 def test_keys_store_only_hash_and_prefix(session: Session) -> None:

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer.data import PromptStream
+from trainer.prompt_stream import PromptStream
 from trainer.loop import stall_reason
 from trainer.rollouts import Generation
-from trainer.schedule import plan
+from trainer.algo.schedule import plan
 from trainer.spec import JobSpec
 from trainer.step import collect, prompts_to_ask
 

@@ -16,11 +16,11 @@ import torch
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from trainer import distributed
-from trainer.advantages import ADVANTAGES
+from trainer.dist import collectives as distributed
+from trainer.algo.advantages import ADVANTAGES
 from trainer.rollouts import Generation, Rollouts
 from trainer.spec import JobSpec
-from trainer.update import UpdateConfig
+from trainer.optim.update import UpdateConfig
 
 VOCAB, MAX_NEW = 64, 20
 # (N, prompt length) per group: rank 0 gets the first 3 groups, rank 1 the last 2.
@@ -109,7 +109,7 @@ def _rank_main(r: int, ws: int, port: int, out: str, mode: str = "update", ckpt:
         torch.distributed.barrier()  # leave together: a gloo peer torn down mid-exchange aborts
     finally:
         torch.distributed.destroy_process_group()
-    # As trainer.rank_main: skip interpreter teardown, where a thread left by gloo or DCP can
+    # As trainer.dist.rank_main: skip interpreter teardown, where a thread left by gloo or DCP can
     # abort the process (SIGABRT, "terminate called without an active exception"; 1 run in ~10).
     os._exit(0)
 
@@ -248,8 +248,8 @@ class _WideEngine:
 
 
 def _wide_run(policy):
-    from trainer.data import PromptStream
-    from trainer.schedule import plan
+    from trainer.prompt_stream import PromptStream
+    from trainer.algo.schedule import plan
 
     spec = JobSpec.model_validate({
         **SPEC, "task": {"dataset": {"id": "ds_x"}},

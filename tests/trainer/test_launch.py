@@ -1,11 +1,11 @@
-"""trainer.launch's pieces without torchrun: the relay of rank 0's sink, the outcome of the
+"""trainer.dist.launch's pieces without torchrun: the relay of rank 0's sink, the outcome of the
 ranks (result, a rank's own error, a dead rank), torchrun's root-cause report."""
 import json
 from pathlib import Path
 
 import pytest
 
-from trainer import launch
+from trainer.dist import launch
 from trainer.sink import ListSink, RecordSink
 
 
@@ -33,7 +33,7 @@ def test_relay_replays_each_complete_line_once_in_order(tmp_path):
 
 TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-trainer.rank_main FAILED
+trainer.dist.rank_main FAILED
 ------------------------------------------------------------
 Failures:
   <NO_OTHER_FAILURES>

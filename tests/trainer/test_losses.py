@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from trainer.losses import (
+from trainer.algo.losses import (
     KL_ESTIMATORS, entropy_from_logits, is_weights, kl_k1, kl_k2, kl_k3, ppo_clip_terms,
     token_sum,
 )
@@ -15,7 +15,7 @@ KL_TRUE = float((PI * (PI / REF).log()).sum())
 
 
 def _token_mean(x, mask, n_tokens):
-    """The update's aggregation (trainer/update.py): token_sum over the mini-batch's tokens."""
+    """The update's aggregation (trainer/optim/update.py): token_sum over the mini-batch's tokens."""
     return token_sum(x, mask) / max(n_tokens, 1)
 
 

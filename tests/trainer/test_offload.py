@@ -3,13 +3,13 @@ bf16 device copy that still takes 1e-6 steps, and an exact checkpoint round trip
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from trainer import checkpoint
-from trainer.offload import CPUOffloadAdamW
+from trainer.checkpoints import io as checkpoint
+from trainer.optim.offload import CPUOffloadAdamW
 from trainer.rollouts import Rollouts
 from trainer.run import make_optimizer
 from trainer.spec import OptimSpec
-from trainer.tiny_model import build_tokenizer
-from trainer.update import UpdateConfig, ppo_update, sequence_logprobs
+from trainer.models.tiny import build_tokenizer
+from trainer.optim.update import UpdateConfig, ppo_update, sequence_logprobs
 
 VOCAB = 64
 OFFLOAD = OptimSpec(optimizer_state="cpu_offload", weight_decay=0.01)

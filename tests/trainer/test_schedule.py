@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from trainer.schedule import lr_at, plan, scaled_lr, stage_for_step
+from trainer.algo.schedule import lr_at, plan, scaled_lr, stage_for_step
 from trainer.spec import JobSpec
 
 RG = {"reasoning_gym": {"name": "chain_sum"}}
@@ -42,7 +42,7 @@ def test_stage_lookup_and_warmup():
 
 
 def test_stage_warning_flags_few_prompts_per_update():
-    from trainer.schedule import stage_warning
+    from trainer.algo.schedule import stage_warning
 
     def plans(p0, p1):
         return plan(JobSpec.model_validate({

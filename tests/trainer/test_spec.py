@@ -77,7 +77,7 @@ def test_spec_is_torch_free_and_schema(tmp_path):
     import subprocess
     import sys
 
-    code = "import sys, trainer.spec, trainer.schedule; assert 'torch' not in sys.modules"
+    code = "import sys, trainer.spec, trainer.algo.schedule; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
     schema = json_schema()
     assert schema["additionalProperties"] is False and "rollout" in schema["properties"]

@@ -7,7 +7,7 @@ the observed change of the correct mass Q_pos must match the theorem's first-ord
 import pytest
 import torch
 
-from trainer.theory import (
+from trainer.sim.theory import (
     batch_mood, expected_unsampled_second_moment, logit_step, mass_balance_dq, token_rewards,
 )
 

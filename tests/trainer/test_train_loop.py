@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from trainer.checkpoint import CheckpointError, latest, verify
+from trainer.checkpoints.io import CheckpointError, latest, verify
 from trainer.sink import ListSink
 from trainer.spec import JobSpec
 

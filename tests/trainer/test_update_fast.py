@@ -7,7 +7,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from trainer.rollouts import Rollouts
-from trainer.update import (UpdateConfig, micro_batches, ppo_update, prefix_micro_batches,
+from trainer.optim.update import (UpdateConfig, micro_batches, ppo_update, prefix_micro_batches,
                             sequence_logprobs, uses_shared_prefix)
 
 VOCAB, MAX_NEW = 64, 24

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-from trainer.advantages import ADVANTAGES
-from trainer.losses import KL_ESTIMATORS, is_weights, ppo_clip_terms
-from trainer.models import disable_dropout, load_policy
-from trainer.update import UpdateConfig, ppo_update, sequence_logprobs
+from trainer.algo.advantages import ADVANTAGES
+from trainer.algo.losses import KL_ESTIMATORS, is_weights, ppo_clip_terms
+from trainer.models.loading import disable_dropout, load_policy
+from trainer.optim.update import UpdateConfig, ppo_update, sequence_logprobs
 from trainer.rollouts import Rollouts
 from trainer.spec import JobSpec
 from trainer.step import NonFiniteError, split_mini_batches, update

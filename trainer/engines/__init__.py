@@ -26,7 +26,7 @@ def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *
     bounds memory by tokens per chunk instead. The vLLM engine is verified against `model`
     right away, so a folder that does not hold `model`'s weights fails here, not mid-run.
     """
-    from trainer.models import resolve_dtype
+    from trainer.models.loading import resolve_dtype
 
     device = next(model.parameters()).device
     dtype = resolve_dtype(dtype, device)
@@ -35,7 +35,7 @@ def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *
     if kind == "hf":
         from trainer.engines.hf_engine import HFEngine
 
-        from trainer.models import _DTYPES
+        from trainer.models.loading import _DTYPES
 
         # The HF engine runs the trainer's float32 master weights under the compute dtype's
         # autocast: the same bf16 numerics the trainer's forwards use.

@@ -39,7 +39,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
 
-from trainer.distributed import full_state_dict  # noqa: E402
+from trainer.dist.collectives import full_state_dict  # noqa: E402
 from trainer.engines.base import (WeightSyncError, logprob_tolerance, probe_tokens,  # noqa: E402
                                   trainer_token_logprobs)
 from trainer.rollouts import Generation, SamplingConfig  # noqa: E402

@@ -17,7 +17,7 @@ padding real tokens never see padding under the causal mask, and position ids ar
 Precision: the trainable weights and the optimizer state stay float32 (master weights);
 with `compute_dtype` bfloat16 every forward runs under `torch.autocast`, so matmuls are bf16
 while the update lands on the float32 weights (a bf16 weight cannot take a 1e-6 step). Dropout
-is switched off at load time (`trainer.models.disable_dropout`), so train/eval mode does not
+is switched off at load time (`trainer.models.loading.disable_dropout`), so train/eval mode does not
 change any log-prob here.
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from trainer import distributed
-from trainer.losses import (
+from trainer.dist import collectives as distributed
+from trainer.algo.losses import (
     KL_ESTIMATORS,
     entropy_from_logits,
     is_ratio,
@@ -180,7 +180,7 @@ def uses_shared_prefix(model, prompt_ids, enabled: bool = True) -> bool:
     if not enabled or getattr(model, "is_gradient_checkpointing", False):
         return False
     # Sharded (FSDP2): one forward per micro-batch, so that ranks with fewer micro-batches can
-    # match the others' all-gathers with one zero-weight pass each (trainer/distributed.py).
+    # match the others' all-gathers with one zero-weight pass each (trainer/dist/collectives.py).
     if distributed.is_sharded(model):
         return False
     return len({tuple(p) for p in prompt_ids}) < len(prompt_ids)
@@ -392,7 +392,7 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     if minibatch.advantages is None:
         raise ValueError("minibatch.advantages is None: compute advantages before the update")
     # On many ranks the mini-batch is the union of every rank's share: its token count (the
-    # loss denominator) and the statistics are sums over ranks (trainer/distributed.py).
+    # loss denominator) and the statistics are sums over ranks (trainer/dist/collectives.py).
     n_tokens = int(distributed.all_sum_floats([sum(len(r) for r in minibatch.response_ids)])[0])
     totals = dict.fromkeys(STAT_KEYS, 0.0)
     chunks, shared = _chunks(model, minibatch.prompt_ids, minibatch.response_ids, max_tokens, cfg.shared_prefix)

@@ -1,6 +1,6 @@
 """Loading the policy the trainer optimises: a Hugging Face causal LM and its tokenizer.
 
-`builtin:tiny` is resolved to a folder by `trainer.tiny_model.ensure_tiny_model` before this is
+`builtin:tiny` is resolved to a folder by `trainer.models.tiny.ensure_tiny_model` before this is
 called; here every model is just an HF folder (or a hub id when the worker can reach a hub).
 """
 from __future__ import annotations
