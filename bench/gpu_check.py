@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.run import make_optimizer  # noqa: E402
+from trainer.optim.optimizer import make_optimizer  # noqa: E402
 from trainer.engines.hf_engine import HFEngine  # noqa: E402
 from trainer.models.loading import disable_dropout  # noqa: E402
 from trainer.optim.update import (UpdateConfig, auto_micro_batch_tokens, ppo_update,  # noqa: E402

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from store.errors import Fenced, IdempotencyConflict, InvalidTransition, NotFound
 from store.job_queries import (  # re-exported: store.jobs is the one entry point
+    count_active_jobs,
     count_jobs_by_status,
     get_checkpoint,
     get_job,

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from trainer.settings import trainer_settings
+
 log = logging.getLogger(__name__)
 
 ENV = "BRORL_TORCH_THREADS"
@@ -46,12 +48,7 @@ def usable_cpus(cgroup: int | None = None) -> int:
 
 def threads_setting(env: dict[str, str] | None = None) -> int | None:
     """`BRORL_TORCH_THREADS` as a positive int, None when unset or empty; else a clear error."""
-    raw = (os.environ if env is None else env).get(ENV, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{ENV}={raw!r}: expected a positive whole number of threads")
-    return int(raw)
+    return trainer_settings(env).torch_threads
 
 
 def configure_threads(env: dict[str, str] | None = None) -> int:

@@ -40,7 +40,7 @@ from sqlalchemy.exc import OperationalError
 from store import artifacts, datasets, jobs
 from store.db import session_scope
 from store.errors import Fenced
-from store.model_policy import model_path_problem
+from store.model_paths import model_path_problem
 from store.models import Checkpoint
 from store.settings import Settings, get_settings
 from trainer.checkpoints import format as ckpt_format

@@ -6,7 +6,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from trainer.checkpoints import io as checkpoint
 from trainer.optim.offload import CPUOffloadAdamW
 from trainer.rollouts import Rollouts
-from trainer.run import make_optimizer
+from trainer.optim.optimizer import make_optimizer
 from trainer.spec import OptimSpec
 from trainer.models.tiny import build_tokenizer
 from trainer.optim.update import UpdateConfig, ppo_update, sequence_logprobs

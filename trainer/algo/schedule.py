@@ -35,9 +35,9 @@ def scaled_lr(base_lr: float, samples: int, base_samples: int, rule: str,
 
 def stage_lr(spec: JobSpec, samples: int, prompts: int) -> float:
     """A stage's lr under the spec's rule (optim.lr_scaling, optim.lr_batch) against stage 0."""
-    first, o = spec.rollout.schedule[0], spec.optim
-    capped = o.lr_batch == "prompts_capped"
-    return scaled_lr(o.lr, samples, first.samples_per_step, o.lr_scaling,
+    first, optim = spec.rollout.schedule[0], spec.optim
+    capped = optim.lr_batch == "prompts_capped"
+    return scaled_lr(optim.lr, samples, first.samples_per_step, optim.lr_scaling,
                      prompts if capped else None, first.prompts_per_step if capped else None)
 
 

@@ -35,11 +35,11 @@ def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *
     if kind == "hf":
         from trainer.engines.hf_engine import HFEngine
 
-        from trainer.models.loading import _DTYPES
+        from trainer.models.loading import DTYPES
 
         # The HF engine runs the trainer's float32 master weights under the compute dtype's
         # autocast: the same bf16 numerics the trainer's forwards use.
-        return HFEngine(model, tokenizer, seed=seed, compute_dtype=_DTYPES[dtype])
+        return HFEngine(model, tokenizer, seed=seed, compute_dtype=DTYPES[dtype])
     if kind == "vllm":
         from trainer.engines.vllm_engine import VLLMEngine, size_max_num_seqs
 
