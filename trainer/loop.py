@@ -162,7 +162,7 @@ def _step(run: Run, sink: MetricsSink, step: int, start: int,
             sink.event("warning", {"step": step, "message": warning})
             log.warning(warning)
     run.state.stage = plan.index
-    values = run_step(run, plan, done)
+    values = run_step(run, plan, done, on_samples=lambda rows: sink.samples(step, rows))
     evaluated = None
     if _due(spec.eval.every, step) or step == spec.total_steps:
         evaluated = _evaluate(run, sink, step)

@@ -330,6 +330,15 @@ class LimitsSpec(_Frozen):
     max_attempts: int = Field(3, ge=1, le=100)
 
 
+class SamplesSpec(_Frozen):
+    """Rollouts kept for people to read (the job's samples table): how reward hacking is caught."""
+
+    per_step: int = Field(8, ge=0, le=64, description="Rollouts stored per step, half of them the "
+                          "highest-reward ones and half the lowest; 0 stores none.")
+    max_chars: int = Field(4000, ge=100, le=20_000, description="Prompt and completion are each "
+                           "cut to this many characters when stored.")
+
+
 # --------------------------------------------------------------------------- the job
 
 
@@ -348,6 +357,7 @@ class JobSpec(_Frozen):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    samples: SamplesSpec = Field(default_factory=SamplesSpec)
 
     @model_validator(mode="after")
     def _ranks_use_plain_adamw(self) -> "JobSpec":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import resource
 import time
+from typing import Callable
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ import torch
 
 from trainer.dist import collectives as distributed
 from trainer.run import Run
+from trainer.samples import step_samples
 from trainer.prompt_stream import mix_seed
 from trainer.algo.filtering import filter_rollouts, solve_fractions
 from trainer.optim.update import ppo_update, sequence_logprobs
@@ -52,6 +54,7 @@ class Collected:
     rewards: list[torch.Tensor] = field(default_factory=list)
     kept_groups: int = 0
     positions: torch.Tensor | None = None        # each sample's place in the one-process batch
+    first_round: Rollouts | None = None          # unfiltered: where the stored samples come from
 
     def add_round(self, rollouts: Rollouts, counts: SampleCounts) -> None:
         self.counts.add(counts)
@@ -130,6 +133,8 @@ def collect(run: Run, plan: StagePlan, step: int) -> Collected:
             if algo.dynamic_sampling else deficit
         rollouts, counts = _generate_round(run, plan, step, round_index, ask)
         collected.add_round(rollouts, counts)
+        if round_index == 0:
+            collected.first_round = rollouts
         collected.rounds = round_index
         if not algo.dynamic_sampling:
             parts, have, kept_sizes = [rollouts], plan.prompts_per_step, [len(rollouts)]
@@ -270,11 +275,21 @@ def _global_step_counts(collected: Collected, rewards: torch.Tensor, correct: to
             "response_len_max": max(distributed.all_gather_int(max(k.lengths, default=0)))}
 
 
+def _samples(run: Run, rollouts: Rollouts) -> list[dict]:
+    """The step's stored samples (`trainer.samples`), with the advantages over their round."""
+    lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.float32)
+    weights = lengths if run.spec.algo.advantage_whitening == "token" else None
+    advantages = run.advantage_fn(rollouts.rewards, rollouts.group, weights, None)
+    return step_samples(rollouts, advantages, run.tokenizer, run.spec.samples.per_step,
+                        run.spec.samples.max_chars)
+
+
 UPDATE_KEYS = ("loss", "pg_clipfrac_low", "pg_clipfrac_high", "kl", "entropy", "is_ratio_mean",
                "is_truncated_frac", "grad_norm", "skipped_updates", "mini_batch_updates")
 
 
-def run_step(run: Run, plan: StagePlan, step: int) -> dict[str, float | int | None]:
+def run_step(run: Run, plan: StagePlan, step: int,
+             on_samples: Callable[[list[dict]], None] | None = None) -> dict[str, float | int | None]:
     """Run 0-based global `step`; return its metrics (JOBSPEC.md names)."""
     t0 = time.perf_counter()
     if run.device.type == "cuda":
@@ -299,6 +314,8 @@ def run_step(run: Run, plan: StagePlan, step: int) -> dict[str, float | int | No
         run.policy.eval()
     train_s = time.perf_counter() - t
     sync_s = run.engine.sync_weights(run.policy) if updated else 0.0
+    if on_samples is not None and run.spec.samples.per_step and collected.first_round is not None:
+        on_samples(_samples(run, collected.first_round))
     step_s = time.perf_counter() - t0
 
     rewards = torch.cat(collected.rewards)

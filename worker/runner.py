@@ -281,7 +281,8 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         state.fenced = True
 
     sink = DbSink(job_id, attempt, on_fenced=on_fenced, keep_last=spec.checkpoint.keep_last,
-                  retry_seconds=settings.lease_seconds, buffer_rows=settings.sink_buffer_rows)
+                  retry_seconds=settings.lease_seconds, buffer_rows=settings.sink_buffer_rows,
+                  max_sample_bytes=settings.max_sample_bytes_per_job)
     try:
         # Per attempt: a stale attempt can neither overwrite nor prune its successor's files.
         out_dir = artifacts.attempt_dir(settings, job_id, attempt)

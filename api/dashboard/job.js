@@ -184,9 +184,11 @@
       } catch (e) { alert(e.message); }
     });
     refreshSide();
+    const addSampleStep = SamplesTable(jobId);
     await Brorl.followMetrics(jobId, null, {
       metric: (row) => {
         rows.push(row);
+        addSampleStep(row.step);
         if (job && row.step > job.step) { job.step = row.step; renderJob(); }
         redraw();
       },
