@@ -112,11 +112,18 @@ def eval_cmd(
     console.print(table)
 
 
-def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file.")) -> None:
-    """Print the job spec's JSON Schema (docs/jobspec.schema.json is this output)."""
-    from trainer.spec import json_schema
+def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file."),
+           markdown: bool = typer.Option(False, "--markdown",
+                                         help="The reference in Markdown (docs/jobspec.md) instead.")) -> None:
+    """Print the job spec's JSON Schema (docs/jobspec.schema.json), or its reference in Markdown."""
+    if markdown:
+        from cli.spec_doc import spec_markdown
 
-    text = json.dumps(json_schema(), indent=2) + "\n"
+        text = spec_markdown()
+    else:
+        from trainer.spec import json_schema
+
+        text = json.dumps(json_schema(), indent=2) + "\n"
     if out:
         out.write_text(text)
     else:
