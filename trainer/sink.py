@@ -1,4 +1,4 @@
-"""Where metrics and events go; the trainer never learns which (ARCHITECTURE.md rule 5).
+"""Where metrics and events go; the trainer never learns which (the worker, the CLI and tests differ).
 
 A sink gets one `metrics(step, values)` call per step and `event(type, data)` calls at stage
 boundaries, evaluations and checkpoints. The worker supplies a database sink; the CLI a
