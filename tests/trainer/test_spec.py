@@ -90,7 +90,7 @@ def test_committed_json_schema_is_current():
     from pathlib import Path
 
     committed = json.loads((Path(__file__).parents[2] / "docs" / "jobspec.schema.json").read_text())
-    assert committed == json_schema(), "regenerate with: brorl schema -o docs/jobspec.schema.json"
+    assert committed == json_schema(), "regenerate with: make docs (or brorl schema -o docs/jobspec.schema.json)"
 
 
 def test_resources_defaults_bounds_and_one_node():
