@@ -18,6 +18,18 @@ def test_committed_jobspec_reference_is_current():
     assert committed == spec_markdown(), f"docs/jobspec.md is stale: regenerate with `make docs` or `{REGENERATE}`"
 
 
+def test_reference_walks_nested_objects_with_their_defaults_and_bounds():
+    text = spec_markdown()
+    for section in ("model", "task.reasoning_gym", "task.dataset", "rollout.schedule[]", "rollout.broaden",
+                    "optim", "algo", "eval", "checkpoint", "limits", "resources"):
+        assert f"## `{section}`" in text, section
+    # a default made by a factory (not in pydantic's schema), bounds, required fields, enums
+    assert '`[{"n": 16, "prompts_per_step": 64, "steps": 200}, {"n": 512, "prompts_per_step": 16, "steps": 100}]`' in text
+    assert "| `n` | int | **required** | 2 .. 4096 |" in text
+    assert "| `temperature` | number | `1.0` | > 0, ≤ 2 |" in text
+    assert '`"reinforce_pp_baseline"`, `"grpo"`' in text
+
+
 def test_every_job_spec_field_has_a_description():
     schema = json_schema()
     objects = {"JobSpec": schema, **schema["$defs"]}
