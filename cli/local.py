@@ -129,8 +129,8 @@ def eval_cmd(
 
 
 def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file."),
-           markdown: bool = typer.Option(False, "--markdown",
-                                         help="The reference in Markdown (docs/jobspec.md) instead.")) -> None:
+           markdown: bool = typer.Option(
+               False, "--markdown", help="The reference in Markdown (docs/jobspec.md) instead.")) -> None:
     """Print the job spec's JSON Schema (docs/jobspec.schema.json), or its reference in Markdown."""
     if markdown:
         from cli.spec_doc import spec_markdown

@@ -101,10 +101,8 @@ class _Walk:
             children.append((path, name))
             text = f"object ([`{path}`](#{_anchor(path)}))"
         elif "anyOf" in node:
-            parts = []
-            for option in node["anyOf"]:
-                parts.append(_code(option["const"]) if "const" in option else self._type(option, path, children))
-            text = " or ".join(parts)
+            text = " or ".join(_code(o["const"]) if "const" in o else self._type(o, path, children)
+                               for o in node["anyOf"])
         elif node.get("type") == "array" and "prefixItems" in node:
             text = "[" + ", ".join(self._type(i, path, children) for i in node["prefixItems"]) + "]"
         elif node.get("type") == "array":

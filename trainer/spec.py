@@ -136,7 +136,8 @@ class ReasoningGymTask(_Frozen):
 
 
 class DatasetTask(_Frozen):
-    id: str = Field(..., min_length=1, max_length=64, description="An uploaded JSONL dataset (ds_..., from POST /v1/datasets).")
+    id: str = Field(..., min_length=1, max_length=64,
+                    description="An uploaded JSONL dataset (ds_..., from POST /v1/datasets).")
     verifier: Literal["exact", "numeric", "math", "regex"] = Field(
         "exact", description="How the extracted answer is compared with the row's answer: exact "
         "(equal after stripping whitespace), numeric (a plain number within numeric_tolerance), "

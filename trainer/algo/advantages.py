@@ -4,9 +4,9 @@ A group is one prompt's N rollouts; `group` is a [S] long tensor of prompt indic
 order, need not be contiguous). Everything is vectorised with `index_add_` so that the cost
 does not depend on Python loops over samples (N = 512 x 128 prompts is the normal case).
 
-Variants are small functions picked once by name from `ADVANTAGES`, never an `if` ladder in the step:
-- `reinforce_pp_baseline` (the paper's default, docs/algorithm.md): A = R - mean(R over the group), then whitened
-  over the whole global batch. No per-group std division.
+Variants are small functions picked once by name from `ADVANTAGES`, never an `if` ladder:
+- `reinforce_pp_baseline` (the paper's default, docs/algorithm.md): A = R - mean(R over the
+  group), then whitened over the whole global batch. No per-group std division.
 - `grpo`: A = (R - group mean) / (group std + eps).
 """
 from __future__ import annotations
