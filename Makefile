@@ -12,7 +12,7 @@ SHELL := /bin/bash
 # pip's whole output goes to $(VENV)/install.log; the terminal gets a running count of the
 # packages pip collects, then one line when it installs and one when it is done (on a failure,
 # the log's end).
-PIP_PROGRESS := awk '/^Collecting /{n++; printf "\r      packages collected: %d", n; fflush()} \
+PIP_PROGRESS := awk '/^Collecting /{n++; printf "\r      requirements collected: %d", n; fflush()} \
 	/^Installing collected packages/{if (n) print ""; print "      installing..."; fflush()} \
 	/^Successfully installed/{print "      packages installed: " NF-2}'
 
