@@ -1,4 +1,4 @@
-"""One-command check of the trainer at real scale on one GPU (issue 8): a few PPO steps of a
+"""One-command check of the trainer at real scale on one GPU: a few PPO steps of a
 ~0.5 B Qwen2-architecture model, bf16 compute over float32 master weights, the HF engine.
 
     python bench/gpu_check.py                 # CUDA: ~0.5 B model (Qwen2-0.5B's shape), < 8 min

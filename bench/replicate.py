@@ -1,4 +1,4 @@
-"""A small-scale replication of BroRL's central experiment (issue 4, item 4) on CPU.
+"""A small-scale replication of BroRL's central experiment on CPU (docs/results.md, section 4).
 
 (a) From the base spec (positional argument, default examples/demo.yaml: its task, model, lr,
     algo, eval), train with N = `--n-small` until eval pass@1 plateaus, and keep the final

@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     # NoDecode: the env value is the comma list itself, not JSON.
     gpu_counts: Annotated[tuple[int, ...], NoDecode] = (1,)
 
-    # --- API hardening (api/guards.py, api/ratelimit.py, api/quotas.py; README "Limits").
+    # --- API hardening (api/guards.py, api/ratelimit.py, api/quotas.py; docs/hardening.md).
     # A JSON body (a job spec) larger than this is a 413 before it is parsed.
     max_json_bytes: int = 256 * 1024
     # A request body that sends nothing for body_idle_timeout_s, or has not finished after

@@ -177,7 +177,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     ref = None
     if spec.algo.kl_coef > 0:
         # The reference is never trained: it may live in the compute dtype (half the memory).
-        # On many ranks each holds a whole copy (sharding it too is a later step, README).
+        # On many ranks each holds a whole copy (sharding it too is a later step, docs/many-gpus.md).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
     engine_model = policy
     if distributed.active():

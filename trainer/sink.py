@@ -1,4 +1,4 @@
-"""Where metrics and events go; the trainer never learns which (ARCHITECTURE.md rule 5).
+"""Where metrics and events go; the trainer never learns which (the worker, the CLI and tests differ).
 
 A sink gets one `metrics(step, values)` call per step, `samples(step, rows)` with the step's
 stored rollouts (`trainer.samples`), and `event(type, data)` calls at stage boundaries,

@@ -2,7 +2,7 @@
 
 `collect` produces the step's scored, filtered batch (dynamic sampling with bounded refill
 rounds); `update` runs the PPO mini-batches on it; `run_step` times both plus the weight sync
-and returns the step's metrics under the names in JOBSPEC.md.
+and returns the step's metrics under the names in docs/metrics.md.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def _empty_round() -> tuple[Rollouts, SampleCounts]:
 def prompts_to_ask(deficit: int, keep_rate: float, max_oversample: float) -> int:
     """Prompts to generate for `deficit` missing groups at the running keep rate.
 
-    Asking only for the deficit fills ~88 % of the batch at a 41 % keep rate (PAPER.md's);
+    Asking only for the deficit fills ~88 % of the batch at a 41 % keep rate (the paper's at N = 16);
     asking deficit / keep_rate (capped at `max_oversample` x) fills it in about one round,
     as NeMo-RL's batch multiplier does.
     """
@@ -290,7 +290,7 @@ UPDATE_KEYS = ("loss", "pg_clipfrac_low", "pg_clipfrac_high", "kl", "entropy", "
 
 def run_step(run: Run, plan: StagePlan, step: int,
              on_samples: Callable[[list[dict]], None] | None = None) -> dict[str, float | int | None]:
-    """Run 0-based global `step`; return its metrics (JOBSPEC.md names)."""
+    """Run 0-based global `step`; return its metrics (docs/metrics.md names)."""
     t0 = time.perf_counter()
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)

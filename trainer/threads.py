@@ -3,7 +3,7 @@
 torch defaults to one OpenMP thread per *physical* core of the machine, ignoring the CPU
 affinity mask and the container's cgroup quota. More threads than usable cores spin-wait
 against each other: on this project's 2 shared cores, 2 threads under load made steps 6-10x
-slower than 1 (issue 11). So the trainer sets the count itself, once, at the start of a run:
+slower than 1 (docs/results.md). So the trainer sets the count itself, once, at the start of a run:
 the fewest of the affinity mask's CPUs and the cgroup `cpu.max` quota (rounded up), unless
 `BRORL_TORCH_THREADS` says otherwise.
 """

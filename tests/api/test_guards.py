@@ -1,4 +1,4 @@
-"""Slow and greedy clients (issue 9 item 1): stalled uploads hold no database connection,
+"""Slow and greedy clients: stalled uploads hold no database connection,
 bodies time out, a key's concurrency and request rate are capped (429 + Retry-After)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One job on 2 ranks (gloo, CPU) equals one process on the same batch (issue 13).
+"""One job on 2 ranks (gloo, CPU) equals one process on the same batch.
 
 The policy is sharded with FSDP2; each rank holds whole groups of uneven sizes and response
 lengths, so the ranks run different numbers of micro-batches (zero-weight passes keep FSDP's

@@ -1,7 +1,7 @@
 """The broadening schedule: stages of (n, prompts_per_step, steps) and the LR rule.
 
 Each stage's learning rate is `optim.lr * f(B / B0)` where B = prompts x n is the stage's
-samples per step and B0 the first stage's (PAPER.md: square-root scaling, eta0*sqrt(B/B0)); by
+samples per step and B0 the first stage's (the paper: square-root scaling, eta0*sqrt(B/B0)); by
 default (`optim.lr_batch: prompts_capped`) B/B0 is capped at the growth of prompts per step.
 Pure Python: `brorl schedule` and the API use it without torch.
 """

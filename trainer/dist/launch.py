@@ -1,4 +1,4 @@
-"""One job on G ranks of this node: `torchrun` starts `trainer.dist.rank_main` G times (issue 13).
+"""One job on G ranks of this node: `torchrun` starts `trainer.dist.rank_main` G times.
 
 The calling process (the Celery worker, or `brorl train --nproc`) keeps the job: its lease,
 heartbeat and cancel stay here. It talks to the ranks through files in `<out_dir>/ranks/`:

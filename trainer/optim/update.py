@@ -1,6 +1,6 @@
 """The model-facing half of the objective: log-probs and the micro-batched PPO update.
 
-Large N is the normal case (ARCHITECTURE.md rule 4): a mini-batch of 512 x 128 / 4 samples
+Large N is the normal case, not an option: a mini-batch of 512 x 128 / 4 samples
 never goes through the model at once. Samples are packed into micro-batches of at most
 `max_tokens` padded tokens; each micro-batch runs forward and backward on its own, with its
 loss divided by the valid-token count of the WHOLE mini-batch, so the accumulated gradient
