@@ -83,6 +83,18 @@ def _check_stall(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
             raise StallError(message + " (algo.fail_on_stall is set)")
 
 
+def _check_gaming(run: Run, sink: MetricsSink, step: int, values: dict, evaluated: dict | None) -> None:
+    """Warn when the training reward rises while eval pass@1 falls (`trainer.algo.gaming`)."""
+    if values.get("reward_mean") is not None:
+        run.gaming.step(values["reward_mean"])
+    if evaluated is None or "eval/pass@1" not in evaluated:
+        return
+    ev = run.spec.eval
+    if message := run.gaming.evaluation(step, evaluated["eval/pass@1"], ev.gaming_window, ev.gaming_min_delta):
+        sink.event("warning", {"step": step, "message": message})
+        log.warning(message)
+
+
 def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
     """`rollout.broaden`: after an evaluation at `step` (steps completed), start a wider stage
     at the next step when the metric has not risen by min_delta over `patience` evaluations."""
@@ -169,6 +181,7 @@ def _step(run: Run, sink: MetricsSink, step: int, start: int,
         values.update(evaluated)
     sink.metrics(step, values)
     _check_stall(run, sink, step, values)
+    _check_gaming(run, sink, step, values, evaluated)
     if evaluated is not None:
         _maybe_broaden(run, sink, step, values)
     if on_step:

@@ -21,6 +21,7 @@ from trainer.prompt_stream import PromptStream
 from trainer.engines import make_engine
 from trainer.models.loading import compute_dtype, load_policy, resolve_device
 from trainer.algo.advantages import ADVANTAGES, AdvantageFn
+from trainer.algo.gaming import GamingWatch
 from trainer.optim.optimizer import make_optimizer
 from trainer.optim.update import UpdateConfig, auto_micro_batch_tokens
 from trainer.algo.schedule import Plateau, StagePlan, replan, widest_samples
@@ -66,6 +67,7 @@ class Run:
     nonfinite_in_row: int = 0                    # updates skipped in a row (non-finite loss/grad)
     stalled_steps: int = 0                       # steps in a row that could not learn
     plateau: Plateau = field(default_factory=Plateau)  # rollout.broaden's memory of the metric
+    gaming: GamingWatch = field(default_factory=GamingWatch)  # reward up, eval down (not resumed)
     stop_check: Callable[[], None] = never       # raises StopRequested inside long phases
 
     def close(self) -> None:

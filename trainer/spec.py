@@ -346,6 +346,11 @@ class EvalSpec(_Frozen):
                     "samples_per_prompt.")
     temperature: float = Field(0.6, gt=0, le=2, description="Sampling temperature of the evaluation.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling of the evaluation.")
+    gaming_window: int = Field(3, ge=0, le=100, description="Warn (a `warning` event) when over this "
+                               "many evaluations the training reward rose and eval pass@1 fell, each by "
+                               "at least gaming_min_delta: a reward being gamed; 0 = never.")
+    gaming_min_delta: float = Field(0.02, ge=0, le=1, description="How far both must move for that "
+                                    "warning.")
 
     @model_validator(mode="after")
     def _k_bound(self) -> "EvalSpec":
