@@ -393,6 +393,13 @@ def _clip_grad_norm(params: list, max_norm: float | None) -> float:
     return float(total)
 
 
+def _grad_params(model, optimizer) -> list:
+    """The tensors whose `.grad` hold the mini-batch's gradient: the model's parameters, or an
+    optimizer's own float32 copies where it sums micro-batches there (trainer/offload.py)."""
+    own = getattr(optimizer, "grad_params", None)
+    return own() if own is not None else [p for p in model.parameters() if p.grad is not None]
+
+
 def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
                cfg: UpdateConfig, max_tokens: int) -> dict[str, float]:
     """One PPO optimizer step on a mini-batch, micro-batched; returns the step's statistics.
@@ -426,7 +433,7 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     if distributed.active():
         totals = dict(zip(STAT_KEYS, distributed.all_sum_floats([totals[k] for k in STAT_KEYS])))
 
-    grad_norm = _clip_grad_norm([p for p in model.parameters() if p.grad is not None], cfg.grad_clip)
+    grad_norm = _clip_grad_norm(_grad_params(model, optimizer), cfg.grad_clip)
     finite = math.isfinite(totals["loss"]) and math.isfinite(grad_norm)
     if finite:
         optimizer.step()
