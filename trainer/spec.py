@@ -249,7 +249,10 @@ class AlgoSpec(_Frozen):
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.27, gt=0, le=100)
     kl_coef: float = Field(1e-4, ge=0, le=1e3)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k2"
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k2", description="KL(policy || reference) estimator in the loss: k2 (the recipe's) or k3. "
+                          "k1 is refused with kl_coef > 0: as a loss its gradient averages to zero "
+                          "(docs/kl.md).")
     ref_reset_every: int | None = Field(300, ge=1, le=MAX_TOTAL_STEPS, description="Steps; null = never.")
     dynamic_sampling: bool = True
     max_refill_rounds: int = Field(3, ge=0, le=100)
@@ -271,6 +274,19 @@ class AlgoSpec(_Frozen):
         if low is not None and v < low:
             raise ValueError(f"must be >= clip_low ({low})")
         return v
+
+    @model_validator(mode="after")
+    def _k1_is_not_a_loss(self) -> "AlgoSpec":
+        # k1 = log pi - log ref. As a loss term its gradient is kl_coef x grad log pi, whose
+        # mean over samples drawn from pi is zero: noise, no pull towards the reference.
+        # Peers that use k1 put it in the reward instead; this trainer's KL is a loss term.
+        if self.kl_estimator == "k1" and self.kl_coef > 0:
+            raise FieldError("algo.kl_estimator",
+                             "k1 does not work as a KL loss: its gradient, kl_coef x grad log pi, "
+                             "averages to zero over the policy's own samples, so it adds noise and "
+                             "no pull towards the reference; use k2 (the recipe's) or k3, or "
+                             "kl_coef 0 for no KL")
+        return self
 
     @field_validator("is_truncation")
     @classmethod
