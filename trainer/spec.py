@@ -291,7 +291,9 @@ class AlgoSpec(_Frozen):
     kl_coef: float = Field(1e-4, ge=0, le=1e3, description="Weight of the KL penalty to the reference "
                            "policy; 0 drops the penalty and the reference model's memory.")
     kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k2", description="KL estimator: k1 = log ratio, k2 = half its square, k3 = ratio - 1 - log ratio.")
+        "k2", description="KL(policy || reference) estimator in the loss: k2 (the recipe's, half the "
+                          "squared log ratio) or k3 (ratio - 1 - log ratio). k1 (the log ratio) is refused "
+                          "with kl_coef > 0: as a loss its gradient averages to zero (docs/kl.md).")
     ref_reset_every: int | None = Field(300, ge=1, le=MAX_TOTAL_STEPS, description=(
         "Steps between resets of the KL reference to the current policy (the optimizer state is "
         "kept); null = never."))
@@ -325,6 +327,19 @@ class AlgoSpec(_Frozen):
         if low is not None and v < low:
             raise ValueError(f"must be >= clip_low ({low})")
         return v
+
+    @model_validator(mode="after")
+    def _k1_is_not_a_loss(self) -> "AlgoSpec":
+        # k1 = log pi - log ref. As a loss term its gradient is kl_coef x grad log pi, whose
+        # mean over samples drawn from pi is zero: noise, no pull towards the reference.
+        # Peers that use k1 put it in the reward instead; this trainer's KL is a loss term.
+        if self.kl_estimator == "k1" and self.kl_coef > 0:
+            raise FieldError("algo.kl_estimator",
+                             "k1 does not work as a KL loss: its gradient, kl_coef x grad log pi, "
+                             "averages to zero over the policy's own samples, so it adds noise and "
+                             "no pull towards the reference; use k2 (the recipe's) or k3, or "
+                             "kl_coef 0 for no KL")
+        return self
 
     @field_validator("is_truncation")
     @classmethod
