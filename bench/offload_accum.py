@@ -1,7 +1,7 @@
 """What float32 gradient sums cost `optim.optimizer_state: cpu_offload`, and what they fix.
 
 bf16 device weights make bf16 `.grad`s; the optimizer now adds each micro-batch's gradient
-into a float32 sum (trainer/offload.py) instead of letting autograd add them up in bf16.
+into a float32 sum (trainer/optim/offload.py) instead of letting autograd add them up in bf16.
 Times K backward passes of a 25 M-parameter Qwen2 (bf16 weights, one torch thread) both ways
 on the same inputs, interleaved, and measures each sum's relative error against the exact
 (float64) sum of the same per-micro-batch gradients. Figures: docs/data/offload_accum.json.
@@ -24,7 +24,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from trainer.offload import CPUOffloadAdamW  # noqa: E402
+from trainer.optim.offload import CPUOffloadAdamW  # noqa: E402
 
 VOCAB = 512
 

@@ -2,7 +2,7 @@
 
 The shared-prefix forward runs each prompt once per micro-batch; on a sliding-window model
 prompts of different lengths in one chunk are off by up to ~0.2 nats (their responses lose
-window slots to padding), so `trainer.update.prefix_micro_batches` now gives each prompt
+window slots to padding), so `trainer.optim.update.prefix_micro_batches` now gives each prompt
 length its own chunk unless the window cannot bite. That means more, smaller forwards. This
 times one PPO mini-batch update (forward + backward, old = current) and measures the largest
 log-prob error against each sample run alone, for three arms on the same batch and model:

@@ -17,7 +17,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Ge
 
 from trainer.engines.hf_engine import HFEngine
 from trainer.rollouts import Rollouts, SamplingConfig
-from trainer.update import (UpdateConfig, attention_window, ppo_update, prefix_micro_batches,
+from trainer.optim.update import (UpdateConfig, attention_window, ppo_update, prefix_micro_batches,
                             sequence_logprobs)
 
 VOCAB, WINDOW = 64, 8

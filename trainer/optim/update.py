@@ -395,7 +395,7 @@ def _clip_grad_norm(params: list, max_norm: float | None) -> float:
 
 def _grad_params(model, optimizer) -> list:
     """The tensors whose `.grad` hold the mini-batch's gradient: the model's parameters, or an
-    optimizer's own float32 copies where it sums micro-batches there (trainer/offload.py)."""
+    optimizer's own float32 copies where it sums micro-batches there (trainer/optim/offload.py)."""
     own = getattr(optimizer, "grad_params", None)
     return own() if own is not None else [p for p in model.parameters() if p.grad is not None]
 
