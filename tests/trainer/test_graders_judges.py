@@ -39,7 +39,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def judge_url(tmp_path_factory):
     pytest.importorskip("vllm")
-    from trainer.tiny_model import build_untrained, save_folder
+    from trainer.models.tiny import build_untrained, save_folder
 
     root = tmp_path_factory.mktemp("judge")
     model, tokenizer = build_untrained(0)

@@ -12,7 +12,7 @@ Layout of `<out_dir>/checkpoints/step-00000012/`:
   manifest.json                       sha256 and size of every file above
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash
 never leaves a half-written `step-*` folder; `load_state` re-checks the manifest anyway.
-Names, manifest, digest and archive are defined once, torch-free, in `trainer.ckpt_format`.
+Names, manifest, digest and archive are defined once, torch-free, in `trainer.checkpoints.format`.
 """
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
-from trainer import ckpt_format, distributed
-from trainer.ckpt_format import CheckpointError, list_checkpoints, verify  # noqa: F401 - re-exported
+from trainer.checkpoints import format as ckpt_format
+from trainer.dist import collectives as distributed
+from trainer.checkpoints.format import CheckpointError, list_checkpoints, verify  # noqa: F401 - re-exported
 
 PREFIX = ckpt_format.PREFIX
 

@@ -5,7 +5,7 @@ job's files live) and the API (which serves them) all import. Layout of a checkp
 
     step-00000012/                  `folder_name(12)`; zero-padded so a listing sorts by step
       config.json, model.safetensors, tokenizer files ...   (HF format)
-      trainer_state/...             exact-resume state (see trainer.checkpoint)
+      trainer_state/...             exact-resume state (see trainer.checkpoints.io)
       manifest.json                 sha256 and size of every other file
     step-00000012.tar.gz            the download archive, built once when the checkpoint is
     step-00000012.tar.gz.sha256     recorded; its sha256 (the download's ETag) beside it

@@ -1,8 +1,8 @@
-"""What torchrun runs on each rank: `python -m trainer.rank_main <control folder>`.
+"""What torchrun runs on each rank: `python -m trainer.dist.rank_main <control folder>`.
 
-Joins the process group, then runs the ordinary `trainer.loop.train` on the spec in
+Joins the process group, then runs the ordinary loop (`trainer.loop.train_in_process`) on the spec in
 `job.json`: rank 0 reports to `sink.jsonl`, the others to nothing; all stop when the launcher
-writes `stop`. See `trainer.launch` for the folder's other files.
+writes `stop`. See `trainer.dist.launch` for the folder's other files.
 """
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import sys
 import traceback
 from pathlib import Path
 
-from trainer import distributed
+from trainer.dist import collectives as distributed
 from trainer.sink import NullSink, RecordSink
 
 
 def main(control: Path) -> int:
-    from trainer.loop import train
-    from trainer.models import resolve_device
+    from trainer.loop import train_in_process
+    from trainer.models.loading import resolve_device
     from trainer.spec import JobSpec
 
     job = json.loads((control / "job.json").read_text())
@@ -28,14 +28,11 @@ def main(control: Path) -> int:
     try:
         spec = JobSpec.model_validate(job["spec"])
         sink = RecordSink(control / "sink.jsonl") if rank == 0 else NullSink()
-        result = train(spec, sink, stop_file.exists, resume=Path(job["resume"]) if job["resume"] else None,
+        result = train_in_process(spec, sink, stop_file.exists, resume=Path(job["resume"]) if job["resume"] else None,
                        out_dir=Path(job["out_dir"]),
                        dataset_path=Path(job["dataset_path"]) if job["dataset_path"] else None)
         if rank == 0:
-            last = result.last_checkpoint
-            (control / "result.json").write_text(json.dumps({
-                "steps_completed": result.steps_completed, "stopped": result.stopped,
-                "last_eval": result.last_eval, "last_checkpoint": str(last) if last else None}))
+            (control / "result.json").write_text(json.dumps(result.to_json()))
         distributed.barrier()  # leave together: a gloo peer torn down mid-exchange aborts
     except Exception as exc:  # noqa: BLE001 - reported to the launcher, which fails the job
         traceback.print_exc()

@@ -30,8 +30,8 @@ g_k = -(c_k / N)(R_k - b) and c_k is how often token k was drawn. tests/trainer/
 checks it against autograd; `grad="autograd"` runs the simulation with autograd instead.
 
 Theorem 1 is checked along the way: at `theorem_steps`, the sampled batch's exact first-order
-step (trainer.theory.logit_step, small eta) is applied to a copy of z and the observed change
-of Q_pos is compared with trainer.theory.mass_balance_dq. `sweep` runs every N; `write_outputs`
+step (trainer.sim.theory.logit_step, small eta) is applied to a copy of z and the observed change
+of Q_pos is compared with trainer.sim.theory.mass_balance_dq. `sweep` runs every N; `write_outputs`
 writes simulation.json (config, per-N series, checks) and simulation.png (the three panels).
 `brorl simulate` (cli/evidence.py) is the command; docs/simulation.md has the figures.
 """
@@ -44,14 +44,14 @@ from pathlib import Path
 
 import torch
 
-from trainer.theory import logit_step, mass_balance_dq
+from trainer.sim.theory import logit_step, mass_balance_dq
 
 PAPER_INITIAL_Q_POS = 0.6296
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Everything one simulation sweep depends on; defaults are the paper's (PAPER.md)."""
+    """Everything one simulation sweep depends on; defaults are the paper's (docs/simulation.md)."""
 
     d: int = 128_000  # vocabulary size
     n_correct: int = 10_000  # tokens with reward R_c
@@ -142,7 +142,7 @@ def autograd_grad(z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 def theorem1_check(z, layout: Layout, counts, cfg: SimConfig, n: int) -> dict[str, float]:
     """Apply the paper's exact logit step for this batch and compare dQ_pos with Theorem 1.
 
-    The step is trainer.theory.logit_step, dz_j = (eta/N) p_j (R_j - S_R) over the batch's
+    The step is trainer.sim.theory.logit_step, dz_j = (eta/N) p_j (R_j - S_R) over the batch's
     distinct tokens: the paper's first-order step on the raw rewards, not the AdamW step the
     simulation takes. eta is chosen so the largest |dz_j| is `theorem_max_dz`: the formula is
     first order in eta, so the relative error shrinks linearly with it (measured: ~1.2 x

@@ -1,4 +1,4 @@
-"""One job on G ranks of this node: `torchrun` starts `trainer.rank_main` G times (issue 13).
+"""One job on G ranks of this node: `torchrun` starts `trainer.dist.rank_main` G times.
 
 The calling process (the Celery worker, or `brorl train --nproc`) keeps the job: its lease,
 heartbeat and cancel stay here. It talks to the ranks through files in `<out_dir>/ranks/`:
@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from trainer.loop import TrainResult
+from trainer.result import TrainResult
+from trainer.settings import trainer_settings
 from trainer.sink import MetricsSink, replay
 from trainer.spec import JobSpec
 
@@ -54,7 +55,7 @@ class RankError(RuntimeError):
 
 
 def stop_grace_s() -> float:
-    return float(os.environ.get("BRORL_RANK_STOP_GRACE_S", "120"))
+    return trainer_settings().rank_stop_grace_s
 
 
 class _Relay:
@@ -84,8 +85,8 @@ class _Relay:
 
 
 def _rank_pids(control: Path) -> list[int]:
-    """Live processes running `trainer.rank_main <control>` (read from /proc)."""
-    want = f"trainer.rank_main\0{control}\0".encode()
+    """Live processes running `trainer.dist.rank_main <control>` (read from /proc)."""
+    want = f"trainer.dist.rank_main\0{control}\0".encode()
     pids = []
     for entry in Path("/proc").iterdir():
         try:
@@ -130,13 +131,13 @@ def _dead_rank(log_text: str) -> tuple[int | None, int | None]:
 
 def _command(control: Path, nproc: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "trainer.rank_main", str(control)]
+            "-m", "trainer.dist.rank_main", str(control)]
 
 
-def train_distributed(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool],
-                      resume: Path | None = None, *, out_dir: Path, dataset_path: Path | None = None,
-                      on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
-    """`trainer.loop.train` on `spec.resources.gpus_per_node` ranks; same contract."""
+def train_on_ranks(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool],
+                   resume: Path | None = None, *, out_dir: Path, dataset_path: Path | None = None,
+                   on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
+    """`trainer.entry.train` on `spec.resources.gpus_per_node` ranks; same contract."""
     from trainer.run import prepare_tiny_model
     from trainer.stop import StopRequested, stop_check
 
@@ -144,7 +145,7 @@ def train_distributed(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[]
     try:
         prepare_tiny_model(spec, dataset_path, stop_check(should_stop))  # where a cancel reaches it
     except StopRequested:
-        return TrainResult(steps_completed=0, stopped=True, last_eval=None, last_checkpoint=None)
+        return TrainResult.stopped_before_start()
     control = Path(out_dir) / "ranks"
     shutil.rmtree(control, ignore_errors=True)
     control.mkdir(parents=True)
@@ -182,10 +183,7 @@ def _outcome(control: Path, rc: int, stop_asked: bool, relay: _Relay) -> TrainRe
     if result.is_file():  # rank 0 wrote it after every rank finished (a barrier)
         if rc != 0:  # e.g. a library thread aborting at interpreter exit: the work is done
             log.warning("torchrun exited %s after the ranks finished; keeping their result", rc)
-        r = json.loads(result.read_text())
-        ckpt = r["last_checkpoint"]
-        return TrainResult(steps_completed=r["steps_completed"], stopped=r["stopped"],
-                           last_eval=r["last_eval"], last_checkpoint=Path(ckpt) if ckpt else None)
+        return TrainResult.from_json(json.loads(result.read_text()))
     errors = sorted(control.glob("error-*.json"))
     if errors:
         e = json.loads(errors[0].read_text())
