@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trainer.graders.settings import grader_settings
+
 JUDGES_ENV = "BRORL_JUDGES"
 MAX_PARALLEL = 8
 
@@ -38,7 +40,7 @@ class Judge:
 
 def configured_judges() -> dict[str, Judge]:
     """The operator's judges from BRORL_JUDGES (empty when unset)."""
-    raw = os.environ.get(JUDGES_ENV, "").strip()
+    raw = grader_settings().judges.strip()
     if not raw:
         return {}
     try:

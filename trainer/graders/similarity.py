@@ -21,6 +21,7 @@ import warnings
 from typing import Callable
 
 from trainer.graders.models import StringCheckGrader, TextSimilarityGrader
+from trainer.graders.settings import grader_settings
 
 
 class UnsupportedMetric(ValueError):
@@ -92,7 +93,7 @@ _CATEGORY = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
 
 def wordnet_dir() -> str | None:
     """A folder with WordNet 3.0's database files, or None."""
-    for folder in (os.environ.get("BRORL_WORDNET_DIR"), "/usr/share/wordnet"):
+    for folder in (grader_settings().wordnet_dir, "/usr/share/wordnet"):
         if folder and os.path.isfile(os.path.join(folder, "data.noun")):
             return folder
     return None

@@ -33,6 +33,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.graders.settings import grader_settings
+
 RUNNER = Path(__file__).with_name("runner.py")
 SANDBOX_RUNNER = "/sandbox/runner.py"
 UNSAFE_ENV = "BRORL_UNSAFE_GRADERS"
@@ -55,15 +57,11 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> "Limits":
-        """Operator overrides: BRORL_GRADER_MEMORY_MB, _TMP_MB, _OUTPUT_KB, _TIMEOUT_S."""
-        env = os.environ.get
-        base = cls()
-        return cls(
-            memory_bytes=int(env("BRORL_GRADER_MEMORY_MB", base.memory_bytes // 1024**2)) * 1024**2,
-            tmp_bytes=int(env("BRORL_GRADER_TMP_MB", base.tmp_bytes // 1024**2)) * 1024**2,
-            output_bytes=int(env("BRORL_GRADER_OUTPUT_KB", base.output_bytes // 1024)) * 1024,
-            timeout_s=float(env("BRORL_GRADER_TIMEOUT_S", base.timeout_s)),
-        )
+        """The operator's limits (BRORL_GRADER_MEMORY_MB, _TMP_MB, _OUTPUT_KB, _TIMEOUT_S)."""
+        cfg = grader_settings()
+        return cls(memory_bytes=cfg.grader_memory_mb * 1024**2,
+                   tmp_bytes=cfg.grader_tmp_mb * 1024**2,
+                   output_bytes=cfg.grader_output_kb * 1024, timeout_s=cfg.grader_timeout_s)
 
     def runner_json(self) -> str:
         return json.dumps({"memory_bytes": self.memory_bytes, "output_bytes": self.output_bytes,
@@ -179,7 +177,7 @@ def sandbox_layer() -> str:
         return "bubblewrap"
     if landlock_abi() >= 1 and _pyseccomp_loads():
         return "landlock"
-    if os.environ.get(UNSAFE_ENV) == "1":
+    if grader_settings().unsafe_graders:
         return "unsafe"
     return "none"
 
