@@ -157,6 +157,7 @@ def test_a_background_thread_that_outlives_its_sample():
     are not hit."""
     source = ("import os, signal, threading, time\n"
               "def sabotage():\n"
+              "    time.sleep(0.1)\n"
               "    for _ in range(400):\n"
               "        time.sleep(0.005)\n"
               "        os.kill(os.getpid(), signal.SIGALRM)\n"

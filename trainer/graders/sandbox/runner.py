@@ -39,8 +39,14 @@ class Timeout(BaseException):
     """Raised by the per-sample timer; a BaseException so `except Exception` misses it."""
 
 
+_armed = False
+
+
 def _on_alarm(signum, frame):
-    raise Timeout()
+    # Only while a sample runs: a stray SIGALRM (a grader may send itself one) must not
+    # break the runner's own loop between samples.
+    if _armed:
+        raise Timeout()
 
 
 def _read_exact(fd, n):
@@ -187,10 +193,13 @@ def _output_tail():
 
 
 def _timed(fn, timeout_s):
+    global _armed
+    _armed = True
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         return fn()
     finally:
+        _armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
