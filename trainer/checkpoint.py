@@ -50,6 +50,9 @@ class TrainerState:
     broaden_starts: list[int] = field(default_factory=list)
     plateau_best: float | None = None
     plateau_since: int = 0
+    # The spec this state was trained under (`model_dump(mode="json")`), so that a resume under
+    # another spec can name the fields that changed (older checkpoints: only the hash).
+    spec: dict | None = None
 
 
 @dataclass(frozen=True)

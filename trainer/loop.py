@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Callable
 
 from trainer import checkpoint, distributed
-from trainer.run import RESUMED_COUNTERS, Run, build_run
+from trainer.run import RESUMED_COUNTERS, Run, build_run, spec_sha256
 from trainer.data import mix_seed
 from trainer.evaluate import EvalContext, evaluate
 from trainer.schedule import broaden, stage_for_step, stage_warning
 from trainer.sink import MetricsSink
-from trainer.spec import JobSpec
+from trainer.spec import JobSpec, changed_fields
 from trainer.step import run_step
 from trainer.stop import StopRequested, never, stop_check
 
@@ -89,6 +89,25 @@ def _check_stall(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
             raise StallError(message + " (algo.fail_on_stall is set)")
 
 
+def _check_resumed_spec(run: Run, sink: MetricsSink) -> None:
+    """A run resumed under a spec other than its checkpoint's continues with the new spec and
+    says which fields changed, in a `warning` event (docs/resume.md); later checkpoints record
+    the new spec."""
+    now = run.spec.model_dump(mode="json")
+    digest = spec_sha256(run.spec)
+    if run.state.spec_sha256 == digest:
+        return
+    saved = run.state.spec
+    changed = changed_fields(saved, now) if saved is not None else []
+    what = (", ".join(changed) if changed else
+            "unknown fields (the checkpoint predates saved specs; only its hash differs)")
+    message = (f"resumed from step {run.state.step} with a spec that differs from the checkpoint's "
+               f"in: {what}; the run continues with the new values")
+    sink.event("warning", {"step": run.state.step, "message": message, "changed_fields": changed})
+    log.warning(message)
+    run.state.spec_sha256, run.state.spec = digest, now
+
+
 def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
     """`rollout.broaden`: after an evaluation at `step` (steps completed), start a wider stage
     at the next step when the metric has not risen by min_delta over `patience` evaluations."""
@@ -138,6 +157,8 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
     start = done = run.state.step  # `done`: steps whose update, metrics and eval all finished
     last_eval, last_ckpt, stopped = None, None, False
     try:
+        if resume is not None:
+            _check_resumed_spec(run, sink)
         if start == 0:
             last_eval = _evaluate(run, sink, 0)
             sink.metrics(0, {**last_eval, "stage": 0, "n": run.plans[0].n})

@@ -204,7 +204,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     plans = replan(spec, [])
     optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr, device_dtype=cdtype)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
-                                    spec_sha256=spec_sha256(spec))
+                                    spec_sha256=spec_sha256(spec), spec=spec.model_dump(mode="json"))
     if resume:
         state = checkpoint.load_state(Path(resume), optimizer, ref, policy)
         if ref is not None and not (Path(resume) / "trainer_state" / "ref.safetensors").is_file():
