@@ -11,7 +11,9 @@ What makes N ranks equal one process on the same batch (tests/trainer/test_distr
 - the policy is sharded with FSDP2 `fully_shard`, whose reduce-scatter SUMS the gradients
   (divide factor 1): each rank's loss is already its token sum over the GLOBAL token count;
 - FSDP all-gathers a layer's weights at every forward, so every rank must run the same
-  number of forwards: a rank with fewer micro-batches runs zero-weight `dummy_pass`es.
+  number of forwards: a rank with fewer micro-batches runs zero-weight `dummy_pass`es;
+- gradients are reduce-scattered once per mini-batch, in every rank's last backward
+  (`gradient_sync`), not after each micro-batch.
 """
 from __future__ import annotations
 
@@ -41,7 +43,9 @@ def init_from_env(device: torch.device | None = None) -> bool:
     cuda = device is not None and device.type == "cuda"
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30))
+    # On CUDA, gloo too: the statistics, token counts and fingerprints are all-reduced as CPU
+    # tensors, which a process group of NCCL alone refuses ("no backend for device type cpu").
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(minutes=30))
     return True
 
 
@@ -160,6 +164,15 @@ def dummy_pass(model, backward: bool) -> None:
         out = model(input_ids=ids, position_ids=torch.zeros_like(ids), use_cache=False)
         if backward:
             (out.logits.float().sum() * 0.0).backward()
+
+
+def gradient_sync(model, last: bool) -> None:
+    """FSDP2: reduce-scatter gradients only in the mini-batch's last backward (`last`); the
+    earlier micro-batches add into unsharded local gradients. One reduce-scatter of the fp32
+    gradient per mini-batch instead of one per micro-batch, for an unsharded gradient held
+    (4 bytes/param) until that last backward (docs/results.md, multi-rank figures)."""
+    if active() and is_sharded(model):
+        model.set_requires_gradient_sync(last)
 
 
 def pad_count(model, n_chunks: int) -> int:
