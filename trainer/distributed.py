@@ -155,6 +155,24 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
 
 
+def iter_full_state(model, dtype: torch.dtype | None = None):
+    """(name, whole tensor) pairs of `model`'s state dict, one tensor alive at a time: a
+    sharded tensor is cast to `dtype` shard by shard and then all-gathered alone.
+
+    For the weight sync: `full_state_dict` would gather the whole float32 model on every rank
+    and the sync would then build a second, whole copy in the engine's dtype; streamed, a
+    rank's extra memory is its largest tensor in the engine's dtype (the embedding). Every
+    rank must consume the pairs in the same order (each gather is a collective).
+    """
+    from torch.distributed.tensor import DTensor
+
+    for name, t in model.state_dict().items():
+        t = t.detach()
+        if dtype is not None:
+            t = t.to(dtype)
+        yield name, t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def dummy_pass(model, backward: bool) -> None:
     """A zero-weight forward (and backward) on one token, so that a rank with fewer
     micro-batches still joins every FSDP all-gather and reduce-scatter of the others."""

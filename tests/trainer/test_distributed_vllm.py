@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import weakref
 
 import pytest
 import torch
@@ -61,6 +62,57 @@ def test_sharded_policy_fingerprint_equals_the_whole_models(tmp_path):
             assert _close(sharded, whole), (dt, sharded, whole)
     assert every[0] == every[1] or all(
         _close(a[0], b[0]) for a, b in zip(every[0].values(), every[1].values()))
+
+
+def _streamed_sync_rank(r: int, ws: int, port: int, out: str) -> None:
+    """The HF engine's whole copy synced from the sharded policy, with the whole-model gather
+    (`full_state_dict`) made to fail: the sync must stream tensor by tensor."""
+    from trainer.engines.hf_engine import HFEngine
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(ws),
+                      LOCAL_RANK=str(r))
+    torch.set_num_threads(1)
+    assert distributed.init_from_env()
+    try:
+        policy = _model()
+        want = {k: v.clone() for k, v in policy.state_dict().items()}
+        torch.manual_seed(1)
+        copy_ = Qwen2ForCausalLM(policy.config).float()  # other weights: the sync must move them
+        distributed.shard_policy(policy, torch.float32)
+        gather_all, distributed.full_state_dict = distributed.full_state_dict, None  # a call raises
+        gathered, alive = [], {"now": 0, "peak": 0}
+        real_full_tensor = torch.distributed.tensor.DTensor.full_tensor
+
+        def counting_full_tensor(self, *a, **k):
+            full = real_full_tensor(self, *a, **k)
+            gathered.append(full.numel())
+            alive["now"] += 1
+            alive["peak"] = max(alive["peak"], alive["now"])
+            weakref.finalize(full, lambda: alive.__setitem__("now", alive["now"] - 1))
+            return full
+
+        torch.distributed.tensor.DTensor.full_tensor = counting_full_tensor
+        before_differs = any(not torch.equal(copy_.state_dict()[k], v) for k, v in want.items())
+        HFEngine(copy_, 0).sync_weights(policy)
+        torch.distributed.tensor.DTensor.full_tensor = real_full_tensor
+        distributed.full_state_dict = gather_all
+        same = all(torch.equal(copy_.state_dict()[k], v) for k, v in want.items())
+        every = [None] * ws
+        torch.distributed.all_gather_object(every, (before_differs, same, max(gathered), alive["peak"]))
+        if r == 0:
+            torch.save(every, out)
+        torch.distributed.barrier()
+    finally:
+        torch.distributed.destroy_process_group()
+    os._exit(0)
+
+
+def test_weight_sync_streams_tensor_by_tensor_on_ranks(tmp_path):
+    spawn(_streamed_sync_rank, 2, str(tmp_path / "sync.pt"))
+    largest = max(p.numel() for p in _model().parameters())
+    for before_differs, same, biggest, peak_alive in torch.load(tmp_path / "sync.pt", weights_only=False):
+        assert before_differs and same  # the copy moved, to exactly the policy's weights
+        assert biggest == largest and peak_alive <= 2  # a gathered tensor or two alive, never the model
 
 
 @pytest.mark.slow

@@ -40,7 +40,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import torch  # noqa: E402
 
 from trainer import distributed  # noqa: E402
-from trainer.distributed import full_state_dict  # noqa: E402
 from trainer.engines.base import (WeightSyncError, logprob_tolerance, probe_tokens,  # noqa: E402
                                   trainer_token_logprobs)
 from trainer.rollouts import Generation, SamplingConfig  # noqa: E402
@@ -163,11 +162,11 @@ class VLLMEngine:
     def _engine_model(self) -> torch.nn.Module:
         return self._worker().model_runner.model
 
-    def _load(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def _load(self, weights) -> None:
+        """Load `weights()` (a fresh iterator of (name, tensor) per call) into the engine."""
         loaders = {
-            "reload_weights": lambda: self._worker().reload_weights(
-                weights_iterator=iter(state_dict.items())),
-            "load_weights": lambda: self._engine_model().load_weights(iter(state_dict.items())),
+            "reload_weights": lambda: self._worker().reload_weights(weights_iterator=weights()),
+            "load_weights": lambda: self._engine_model().load_weights(weights()),
         }
         order = [self._loader] if self._loader else list(loaders)
         errors = []
@@ -183,9 +182,9 @@ class VLLMEngine:
     def sync_weights(self, model: torch.nn.Module) -> float:
         """Load `model`'s weights into the engine, reset the prefix cache, verify."""
         t0 = time.perf_counter()
-        # The trainer's float32 master weights go over in the engine's dtype (bf16 on a GPU).
-        state = {k: v.detach().to(_DTYPES[self.dtype]) for k, v in full_state_dict(model).items()}
-        self._load(state)
+        # The trainer's float32 master weights go over in the engine's dtype (bf16 on a GPU),
+        # streamed tensor by tensor (sharded ones gathered alone, after the cast).
+        self._load(lambda: distributed.iter_full_state(model, _DTYPES[self.dtype]))
         self.llm.reset_prefix_cache()
         self.verify(model)
         return time.perf_counter() - t0
