@@ -173,6 +173,46 @@ def iter_full_state(model, dtype: torch.dtype | None = None):
         yield name, t.full_tensor() if isinstance(t, DTensor) else t
 
 
+@torch.no_grad()
+def copy_weights(dst, src) -> None:
+    """`dst`'s weights := `src`'s (same architecture; the reference reset to the policy).
+    Both sharded alike (FSDP2 over the same ranks): shard by shard, no gather."""
+    from torch.distributed.tensor import DTensor
+
+    targets = dst.state_dict()
+    for name, t in src.state_dict().items():
+        target = targets[name]
+        if isinstance(target, DTensor) != isinstance(t, DTensor):
+            raise ValueError(f"copy_weights: {name} is sharded on one side only")
+        if isinstance(t, DTensor):
+            target.to_local().copy_(t.to_local())
+        else:
+            target.copy_(t)
+
+
+def load_full_weights(model, state: dict[str, torch.Tensor]) -> None:
+    """Whole tensors (e.g. read from safetensors; tied duplicates may be absent) into `model`,
+    each rank keeping its shard when `model` is sharded."""
+    if not is_sharded(model):
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        missing, unexpected = set_model_state_dict(
+            model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    tied = {n for n in missing if _is_tied(model, n, state)}
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"weights do not fit the model: missing {sorted(set(missing) - tied)}, "
+                         f"unexpected {sorted(unexpected)}")
+
+
+def _is_tied(model, name: str, state: dict) -> bool:
+    """`name` shares its parameter with a tensor that `state` holds (tied embeddings)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    p = params.get(name)
+    return p is not None and any(params.get(k) is p for k in state)
+
+
 def dummy_pass(model, backward: bool) -> None:
     """A zero-weight forward (and backward) on one token, so that a rank with fewer
     micro-batches still joins every FSDP all-gather and reduce-scatter of the others."""

@@ -188,7 +188,7 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
             # Reset the reference before checkpointing so that a checkpoint holds the state after
             # the whole step (a resume then never has to replay the reset).
             if run.ref is not None and _due(spec.algo.ref_reset_every or 0, step):
-                run.ref.load_state_dict(distributed.full_state_dict(run.policy))
+                distributed.copy_weights(run.ref, run.policy)  # shard by shard on ranks
                 run.state.ref_step = step
             if _due(spec.checkpoint.every, step) or step == total:
                 last_ckpt = _checkpoint(run, sink, step)

@@ -193,14 +193,16 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     cdtype = compute_dtype(spec.model.dtype, device)
     ref = None
     if spec.algo.kl_coef > 0:
-        # The reference is never trained: it may live in the compute dtype (half the memory).
-        # On many ranks each holds a whole copy (sharding it too is a later step, README).
+        # The reference is never trained: it may live in the compute dtype (half the memory);
+        # on many ranks it is sharded like the policy (each rank holds 1 / ranks of it).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
     engine_model = policy
     if distributed.active():
         # The rollout engine keeps a whole float32 copy, refreshed from the gathered weights.
         engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
         distributed.shard_policy(policy, cdtype)
+        if ref is not None:
+            distributed.shard_policy(ref, cdtype)
     plans = replan(spec, [])
     optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr, device_dtype=cdtype)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
@@ -208,7 +210,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     if resume:
         state = checkpoint.load_state(Path(resume), optimizer, ref, policy)
         if ref is not None and not (Path(resume) / "trainer_state" / "ref.safetensors").is_file():
-            ref.load_state_dict(distributed.full_state_dict(policy))  # reference == policy at that step
+            distributed.copy_weights(ref, policy)  # reference == policy at that step
         plans = replan(spec, state.broaden_starts)
 
     template = spec.task.prompt_template

@@ -136,3 +136,56 @@ def test_vllm_engine_on_two_ranks_through_a_whole_step(tmp_path):
     assert result.steps_completed == 1 and not result.stopped
     row = {r["step"]: r for r in sink.steps}[1]
     assert row["loss"] is not None and row["weight_sync_s"] > 0  # updated, then synced and verified
+
+
+def _sharded_ref_rank(r: int, ws: int, port: int, folder: str) -> None:
+    """The reference sharded like the policy: its reset copies shards (no gather), and a
+    checkpoint round trip on 2 ranks restores it."""
+    from trainer import checkpoint
+    from trainer.tiny_model import build_tokenizer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(ws),
+                      LOCAL_RANK=str(r))
+    torch.set_num_threads(1)
+    assert distributed.init_from_env()
+    try:
+        policy = distributed.shard_policy(_model(), torch.float32)
+        torch.manual_seed(1)
+        ref = distributed.shard_policy(Qwen2ForCausalLM(policy.config).float(), torch.float32)
+        want_ref = {k: v.clone() for k, v in distributed.full_state_dict(ref).items()}
+        local = sum(p.to_local().numel() for p in ref.parameters())
+        assert local < 0.75 * sum(p.numel() for p in ref.parameters())  # each rank holds part of it
+        opt = torch.optim.AdamW(policy.parameters())
+        policy(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+        opt.step()  # AdamW state to save and restore
+        opt.zero_grad()
+        state = checkpoint.TrainerState(step=5, stage=0, data_cursor=0, ref_step=2, spec_sha256="x")
+        saved = checkpoint.save(folder, state, policy, build_tokenizer(), opt, ref)
+        torch.manual_seed(2)
+        ref2 = distributed.shard_policy(Qwen2ForCausalLM(policy.config).float(), torch.float32)
+        checkpoint.load_state(saved.path, torch.optim.AdamW(policy.parameters()), ref2, policy)
+        restored = all(torch.equal(v, want_ref[k]) for k, v in distributed.full_state_dict(ref2).items())
+        distributed.copy_weights(ref2, policy)  # the reference reset
+        want_pol = distributed.full_state_dict(policy)
+        reset = all(torch.equal(v, want_pol[k]) for k, v in distributed.full_state_dict(ref2).items())
+        every = [None] * ws
+        torch.distributed.all_gather_object(every, (restored, reset))
+        if r == 0:
+            torch.save({"every": every, "ref": want_ref, "path": str(saved.path)}, folder + "/out.pt")
+        torch.distributed.barrier()
+    finally:
+        torch.distributed.destroy_process_group()
+    os._exit(0)
+
+
+def test_sharded_reference_resets_and_checkpoints_on_two_ranks(tmp_path):
+    from trainer import checkpoint
+
+    spawn(_sharded_ref_rank, 2, str(tmp_path))
+    out = torch.load(tmp_path / "out.pt", weights_only=False)
+    assert out["every"] == [(True, True), (True, True)]
+    # The 2-rank checkpoint's reference resumes in one process too.
+    ref, policy = _model(), _model()
+    checkpoint.load_state(out["path"], torch.optim.AdamW(policy.parameters()), ref, policy)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(v, out["ref"][k]), k
