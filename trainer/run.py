@@ -18,7 +18,7 @@ import torch
 
 from trainer import checkpoint, distributed
 from trainer.data import PromptStream
-from trainer.engines import make_engine
+from trainer.engines import default_engine, make_engine
 from trainer.models import compute_dtype, load_policy, resolve_device
 from trainer.advantages import ADVANTAGES, AdvantageFn
 from trainer.update import UpdateConfig, auto_micro_batch_tokens
@@ -198,8 +198,11 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
     engine_model = policy
     if distributed.active():
-        # The rollout engine keeps a whole float32 copy, refreshed from the gathered weights.
-        engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        # The HF engine generates with a whole float32 copy, refreshed from the gathered
+        # weights; vLLM holds its own and is verified against the sharded policy (no copy).
+        kind = spec.rollout.engine if spec.rollout.engine != "auto" else default_engine(device)
+        if kind == "hf":
+            engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
         distributed.shard_policy(policy, cdtype)
         if ref is not None:
             distributed.shard_policy(ref, cdtype)
