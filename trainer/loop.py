@@ -15,13 +15,13 @@ from typing import Callable
 
 from trainer.checkpoints import io as checkpoint
 from trainer.dist import collectives as distributed
-from trainer.run import RESUMED_COUNTERS, Run, build_run
+from trainer.run import RESUMED_COUNTERS, Run, build_run, spec_sha256
 from trainer.prompt_stream import mix_seed
 from trainer.evaluate import EvalContext, evaluate
 from trainer.algo.schedule import broaden, stage_for_step, stage_warning
 from trainer.result import TrainResult
 from trainer.sink import MetricsSink
-from trainer.spec import JobSpec
+from trainer.spec import JobSpec, changed_fields
 from trainer.step import run_step
 from trainer.stop import StopRequested, never, stop_check
 
@@ -95,6 +95,25 @@ def _check_gaming(run: Run, sink: MetricsSink, step: int, values: dict, evaluate
         log.warning(message)
 
 
+def _check_resumed_spec(run: Run, sink: MetricsSink) -> None:
+    """A run resumed under a spec other than its checkpoint's continues with the new spec and
+    says which fields changed, in a `warning` event (docs/resume.md); later checkpoints record
+    the new spec."""
+    now = run.spec.model_dump(mode="json")
+    digest = spec_sha256(run.spec)
+    if run.state.spec_sha256 == digest:
+        return
+    saved = run.state.spec
+    changed = changed_fields(saved, now) if saved is not None else []
+    what = (", ".join(changed) if changed else
+            "unknown fields (the checkpoint predates saved specs; only its hash differs)")
+    message = (f"resumed from step {run.state.step} with a spec that differs from the checkpoint's "
+               f"in: {what}; the run continues with the new values")
+    sink.event("warning", {"step": run.state.step, "message": message, "changed_fields": changed})
+    log.warning(message)
+    run.state.spec_sha256, run.state.spec = digest, now
+
+
 def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
     """`rollout.broaden`: after an evaluation at `step` (steps completed), start a wider stage
     at the next step when the metric has not risen by min_delta over `patience` evaluations."""
@@ -143,6 +162,8 @@ def _run_steps(run: Run, sink: MetricsSink, should_stop: Callable[[], bool],
     start = done = run.state.step  # `done`: steps whose update, metrics and eval all finished
     last_eval, last_ckpt, stopped = None, None, False
     try:
+        if resume is not None:
+            _check_resumed_spec(run, sink)
         if start == 0:
             last_eval = _evaluate(run, sink, 0)
             sink.metrics(0, {**last_eval, "stage": 0, "n": run.plans[0].n})
@@ -189,7 +210,7 @@ def _step(run: Run, sink: MetricsSink, step: int, start: int,
     # Reset the reference before checkpointing so that a checkpoint holds the state after
     # the whole step (a resume then never has to replay the reset).
     if run.ref is not None and _due(spec.algo.ref_reset_every or 0, step):
-        run.ref.load_state_dict(distributed.full_state_dict(run.policy))
+        distributed.copy_weights(run.ref, run.policy)  # shard by shard on ranks
         run.state.ref_step = step
     saved = _checkpoint(run, sink, step) if _due(spec.checkpoint.every, step) or step == spec.total_steps else None
     return evaluated, saved

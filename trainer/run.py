@@ -18,7 +18,7 @@ import torch
 from trainer.checkpoints import io as checkpoint
 from trainer.dist import collectives as distributed
 from trainer.prompt_stream import PromptStream
-from trainer.engines import make_engine
+from trainer.engines import default_engine, make_engine
 from trainer.models.loading import compute_dtype, load_policy, resolve_device
 from trainer.algo.advantages import ADVANTAGES, AdvantageFn
 from trainer.algo.gaming import GamingWatch
@@ -178,22 +178,27 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     cdtype = compute_dtype(spec.model.dtype, device)
     ref = None
     if spec.algo.kl_coef > 0:
-        # The reference is never trained: it may live in the compute dtype (half the memory).
-        # On many ranks each holds a whole copy (sharding it too is a later step, docs/many-gpus.md).
+        # The reference is never trained: it may live in the compute dtype (half the memory);
+        # on many ranks it is sharded like the policy (each rank holds 1 / ranks of it).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
     engine_model = policy
     if distributed.active():
-        # The rollout engine keeps a whole float32 copy, refreshed from the gathered weights.
-        engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        # The HF engine generates with a whole float32 copy, refreshed from the gathered
+        # weights; vLLM holds its own and is verified against the sharded policy (no copy).
+        kind = spec.rollout.engine if spec.rollout.engine != "auto" else default_engine(device)
+        if kind == "hf":
+            engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
         distributed.shard_policy(policy, cdtype)
+        if ref is not None:
+            distributed.shard_policy(ref, cdtype)
     plans = replan(spec, [])
     optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr, device_dtype=cdtype)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
-                                    spec_sha256=spec_sha256(spec))
+                                    spec_sha256=spec_sha256(spec), spec=spec.model_dump(mode="json"))
     if resume:
         state = checkpoint.load_state(Path(resume), optimizer, ref, policy)
         if ref is not None and not (Path(resume) / "trainer_state" / "ref.safetensors").is_file():
-            ref.load_state_dict(distributed.full_state_dict(policy))  # reference == policy at that step
+            distributed.copy_weights(ref, policy)  # reference == policy at that step
         plans = replan(spec, state.broaden_starts)
 
     template = spec.task.prompt_template

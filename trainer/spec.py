@@ -543,5 +543,18 @@ def load_spec(path: str | Path) -> JobSpec:
     return JobSpec.model_validate(data)
 
 
+def changed_fields(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths where two dumped specs (`model_dump(mode="json")`) differ, sorted; a list
+    (e.g. `rollout.schedule`) counts as one field."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b, path = old.get(key), new.get(key), f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_fields(a, b, path + ".")
+        elif a != b:
+            out.append(path)
+    return out
+
+
 def json_schema() -> dict[str, Any]:
     return JobSpec.model_json_schema()
