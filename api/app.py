@@ -26,6 +26,7 @@ from api.guards import GuardMiddleware
 from api.quotas import StreamSlots
 from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
 from api.ratelimit import RateLimitMiddleware
+from api.task_probe import TaskProbe
 from api.routes import checkpoints, datasets, events_metrics, health, jobs
 from api.web import install_dashboard
 
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     app.state.enqueue = enqueue if enqueue is not None else celery_enqueue(settings)
     app.state.auth_cache = {}  # api.deps: key hash -> (valid until, tenant)
     app.state.stream_slots = StreamSlots()
+    app.state.task_probe = TaskProbe(settings)
     app.state.stream_poll_seconds = (
         stream_poll_seconds
         if stream_poll_seconds is not None

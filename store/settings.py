@@ -93,6 +93,12 @@ class Settings(BaseSettings):
     # A key found valid is trusted for this long without asking the database again (one
     # query less per request); a revoked key therefore stops working within this time.
     auth_cache_seconds: float = 5
+    # Before a job is accepted its reasoning-gym config builds a few examples in a child
+    # process with these limits (api/task_probe.py); 0 s turns the probe off. Per API process,
+    # at most max_concurrent_task_probes such children run at once.
+    task_probe_timeout_s: float = Field(10, ge=0)
+    task_probe_memory_mb: int = Field(1024, ge=64)
+    max_concurrent_task_probes: int = Field(2, ge=1)
     # `/metrics` shows per-status job counts only to `Authorization: Bearer <metrics_token>`.
     metrics_token: str = ""
     worker_id: str = Field(default_factory=_default_worker_id)

@@ -112,15 +112,14 @@ class ReasoningGymTask(_Frozen):
 
     @model_validator(mode="after")
     def _config_is_valid(self) -> "ReasoningGymTask":
-        from reasoning_gym.factory import DATASETS
+        # Bounds on every field (trainer.tasks.config_limits says which and why), then
+        # reasoning-gym's own checks; any exception there is a problem with the config.
+        from trainer.tasks.config_limits import ConfigProblem, check_config
 
-        _, config_cls = DATASETS[self.name]
         try:
-            cfg = config_cls(**self.config)
-            if hasattr(cfg, "validate"):
-                cfg.validate()
-        except (TypeError, ValueError, AssertionError) as exc:
-            raise FieldError("task.reasoning_gym.config", f"invalid for {self.name}: {exc}") from None
+            check_config(self.name, self.config)
+        except ConfigProblem as exc:
+            raise FieldError(exc.field, exc.message) from None
         return self
 
 
