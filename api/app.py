@@ -21,6 +21,7 @@ from store.db import get_sessionmaker
 from store.settings import Settings, get_settings
 
 from api.deps import Enqueue, celery_enqueue
+from api.edge import StorableTextMiddleware
 from api.errors import install_error_handlers
 from api.guards import GuardMiddleware
 from api.quotas import StreamSlots
@@ -84,6 +85,7 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     app.state.private_metrics = CollectorRegistry()
     app.state.private_metrics.register(JobsByStatusCollector(lambda: app.state.sessionmaker))
     # Added innermost first: Prometheus sees every answer, rate limiting runs before the guards.
+    app.add_middleware(StorableTextMiddleware)
     app.add_middleware(GuardMiddleware, settings=settings)
     app.add_middleware(RateLimitMiddleware, rate=settings.rate_limit_per_s,
                        burst=settings.rate_limit_burst)

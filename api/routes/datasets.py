@@ -23,6 +23,7 @@ from store import datasets
 from store.artifacts import dataset_path
 from store.errors import NotFound
 from store.settings import Settings
+from trainer.spec import text_problem
 
 from api.deps import SessionDep, SettingsDep, TenantDep
 from api.errors import ApiError
@@ -69,6 +70,9 @@ def _dataset_name(upload: Upload) -> str:
     name = (upload.fields.get("name") or upload.filename or "dataset").strip() or "dataset"
     if len(name) > 200:
         raise ApiError(422, "name: at most 200 characters", field="name")
+    problem = text_problem(name)
+    if problem is not None:  # the form field, or the file's name it defaults to
+        raise ApiError(422, f"name: {problem}", field="name")
     return name
 
 
