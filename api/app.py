@@ -87,8 +87,7 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     # Added innermost first: Prometheus sees every answer, rate limiting runs before the guards.
     app.add_middleware(StorableTextMiddleware)
     app.add_middleware(GuardMiddleware, settings=settings)
-    app.add_middleware(RateLimitMiddleware, rate=settings.rate_limit_per_s,
-                       burst=settings.rate_limit_burst)
+    app.add_middleware(RateLimitMiddleware, settings=settings)
     app.add_middleware(PrometheusMiddleware, metrics=app.state.metrics)
 
     install_error_handlers(app)
