@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     task_probe_timeout_s: float = Field(10, ge=0)
     task_probe_memory_mb: int = Field(1024, ge=64)
     max_concurrent_task_probes: int = Field(2, ge=1)
+    # Host headers the API answers (comma-separated, `*.example.com` allowed); others are a
+    # 400. The default `*` answers any: set it in production (api/headers.py).
+    allowed_hosts: Annotated[list[str], NoDecode] = ["*"]
     # `/metrics` shows per-status job counts only to `Authorization: Bearer <metrics_token>`.
     metrics_token: str = ""
     worker_id: str = Field(default_factory=_default_worker_id)
@@ -129,6 +132,13 @@ class Settings(BaseSettings):
             Path(artifact_dir).expanduser() if artifact_dir else data_dir / "artifacts"
         )
         return data
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _parse_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [h.strip() for h in value.split(",") if h.strip()]
+        return list(value) or ["*"]
 
     @field_validator("gpu_counts", mode="before")
     @classmethod
