@@ -76,6 +76,7 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     app.state.enqueue = enqueue if enqueue is not None else celery_enqueue(settings)
     app.state.auth_cache = {}  # api.deps: key hash -> (valid until, tenant)
     app.state.stream_slots = StreamSlots()
+    app.state.upload_slots = StreamSlots("uploads in progress")
     app.state.task_probe = TaskProbe(settings)
     app.state.stream_poll_seconds = (
         stream_poll_seconds

@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     max_dataset_bytes_per_tenant: int = 10 * 1024 * MIB
     max_dataset_line_bytes: int = 1 * MIB
     max_streams_per_tenant: int = 20  # open metric streams, per API process
+    # Uploads in progress per tenant, per API process: parsing, hashing and validating one
+    # costs CPU on the cores every tenant shares (docs/hardening.md, "Uploads").
+    max_concurrent_uploads_per_tenant: int = 2
     # `model.path` may be builtin:tiny, a folder under one of these roots (os.pathsep-separated),
     # or, only when allow_hub_models is true, a hub id. Workers run hub-offline otherwise.
     model_roots: str = ""

@@ -110,12 +110,17 @@ async def upload_dataset(request: Request, session: SessionDep, settings: Settin
     with request.app.state.sessionmaker() as quota_session:
         check_dataset_quota(quota_session, settings, tenant.id)
     tmp_dir = dataset_path(settings, "x").parent  # the final folder: the move is a rename
-    upload = await receive_upload(request, tmp_dir, settings.max_upload_bytes)
+    release = request.app.state.upload_slots.acquire(
+        tenant.id, settings.max_concurrent_uploads_per_tenant)
     try:
-        name = _dataset_name(upload)
-        return await run_in_threadpool(_store, session, settings, tenant.id, upload, name)
+        upload = await receive_upload(request, tmp_dir, settings.max_upload_bytes)
+        try:
+            name = _dataset_name(upload)
+            return await run_in_threadpool(_store, session, settings, tenant.id, upload, name)
+        finally:
+            upload.discard()  # a no-op once the file was moved into place
     finally:
-        upload.discard()  # a no-op once the file was moved into place
+        release()
 
 
 @router.get("", response_model=ListPublic[DatasetPublic])
