@@ -33,6 +33,9 @@ from api.upload import Upload, receive_upload
 
 log = logging.getLogger(__name__)
 
+VALIDATE_TIMEOUT_S = 300  # ~0.4 s of CPU per 28 MB here: only a broken machine gets near it
+VALIDATE_MEMORY_MB = 512  # one line at a time, lines at most max_dataset_line_bytes
+
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
 # The request body is parsed by hand (streaming), so its schema is declared here for /docs.
@@ -53,17 +56,34 @@ _UPLOAD_BODY = {
 }
 
 
-def _count_rows(path: Path, max_line_bytes: int) -> int:
-    """Rows of a valid JSONL file, checked one line at a time; 422 naming the first bad line."""
-    # Imported here: the trainer's task package is only needed by this route.
+def _count_rows_here(path: str, max_line_bytes: int) -> int | str:
+    """The rows of a valid JSONL file, or the first problem as text (runs in a child)."""
     from trainer.tasks.dataset_task import DatasetFormatError, count_valid_rows
 
     try:
-        with path.open("rb") as fh:
+        with open(path, "rb") as fh:
             return count_valid_rows(fh, max_line_bytes)
     except DatasetFormatError as exc:
-        # str(exc) starts with "line N: ..." (or "dataset: ..." for whole-file problems).
+        return str(exc)  # "line N: ..." (or "dataset: ..." for whole-file problems)
+
+
+def _count_rows(path: Path, max_line_bytes: int) -> int:
+    """Rows of a valid JSONL file, checked one line at a time; 422 naming the first bad line.
+
+    Parsing every line of a large upload is seconds of pure-Python CPU: run in this process
+    it would hold the GIL against every other tenant's requests, so it runs in a child
+    process (`trainer.tasks.isolated`) and this thread only waits."""
+    from trainer.tasks.isolated import TaskBuildError, run_isolated
+
+    try:
+        rows = run_isolated(_count_rows_here, (str(path), max_line_bytes),
+                            what="validating the dataset", timeout_s=VALIDATE_TIMEOUT_S,
+                            memory_mb=VALIDATE_MEMORY_MB)
+    except TaskBuildError as exc:
         raise ApiError(422, f"invalid dataset: {exc}", field="file") from None
+    if isinstance(rows, str):
+        raise ApiError(422, f"invalid dataset: {rows}", field="file")
+    return rows
 
 
 def _dataset_name(upload: Upload) -> str:

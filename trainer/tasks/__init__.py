@@ -37,8 +37,8 @@ def build_task(task_spec: TaskSpec, seed: int, dataset_path: Path | None = None,
     `stop_check` is polled while it works and a stop kills the child."""
     from trainer.tasks import isolated
 
-    what = (f"reasoning-gym task {task_spec.reasoning_gym.name}" if task_spec.reasoning_gym
-            else f"dataset task {task_spec.dataset.id}")
+    what = (f"building reasoning-gym task {task_spec.reasoning_gym.name}"
+            if task_spec.reasoning_gym else f"building dataset task {task_spec.dataset.id}")
     return isolated.run_isolated(
         build_task_here, (task_spec, seed, dataset_path), what=what,
         timeout_s=isolated.BUILD_TIMEOUT_S, memory_mb=isolated.BUILD_MEMORY_MB,

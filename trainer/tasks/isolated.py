@@ -51,7 +51,8 @@ def _call_limited(fn: Callable[..., Any], args: tuple, memory_mb: int) -> Any:
 def run_isolated(fn: Callable[..., Any], args: tuple, *, what: str, timeout_s: float,
                  memory_mb: int, stop_check: Callable[[], None] | None = None,
                  poll_s: float = 0.25) -> Any:
-    """`fn(*args)` in a fresh child process; its result, or a `TaskBuildError` naming `what`.
+    """`fn(*args)` in a fresh child process; its result, or a `TaskBuildError` naming `what`
+    (a phrase such as "building reasoning-gym task chain_sum").
 
     `stop_check()` is called every `poll_s` while the child works; whatever it raises
     (a cancel) kills the child and propagates.
@@ -74,19 +75,19 @@ def run_isolated(fn: Callable[..., Any], args: tuple, *, what: str, timeout_s: f
         try:
             return future.result()
         except TimeoutError:
-            raise TaskBuildError(f"building {what} took longer than {timeout_s:g} s; "
-                                 f"make its config or sizes smaller") from None
+            raise TaskBuildError(f"{what} took longer than {timeout_s:g} s; "
+                                 f"make it smaller") from None
         except MemoryError:
-            raise TaskBuildError(f"building {what} needed more than {memory_mb} MiB; "
-                                 f"make its config or sizes smaller") from None
+            raise TaskBuildError(f"{what} needed more than {memory_mb} MiB; "
+                                 f"make it smaller") from None
         except ProcessExpired as exc:
-            raise TaskBuildError(f"building {what} crashed its process "
+            raise TaskBuildError(f"{what} crashed its process "
                                  f"(exit code {exc.exitcode})") from None
         except TaskBuildError:
             raise
         except Exception as exc:  # noqa: BLE001 - reasoning-gym raises anything on bad input
             detail = str(exc) or type(exc).__name__
-            raise TaskBuildError(f"building {what} failed: {detail[:500]}") from None
+            raise TaskBuildError(f"{what} failed: {detail[:500]}") from None
     finally:
         pool.stop()
         pool.join(timeout=5)
@@ -115,7 +116,7 @@ def _probe_examples(name: str, config: dict[str, Any], count: int) -> None:
 def probe(name: str, config: dict[str, Any], *, timeout_s: float, memory_mb: int) -> None:
     """Raise `TaskBuildError` unless reasoning-gym task `name` builds a dataset and a few
     examples from `config` (and from its hardest variant) within the limits."""
-    what = f"reasoning-gym task {name} with this config"
+    what = f"building reasoning-gym task {name} with this config"
     run_isolated(_probe_examples, (name, config, PROBE_EXAMPLES), what=what,
                  timeout_s=timeout_s, memory_mb=memory_mb)
     hard = hardest_variant(config)
