@@ -26,7 +26,13 @@ from typing import Any, Callable
 
 BUILD_TIMEOUT_S = float(os.environ.get("BRORL_TASK_BUILD_TIMEOUT_S", "600"))
 BUILD_MEMORY_MB = int(os.environ.get("BRORL_TASK_BUILD_MEMORY_MB", "8192"))
-PRELOAD = ["reasoning_gym", "trainer.tasks.reasoning_gym_task", "trainer.tasks.dataset_task"]
+# What a child needs, loaded once in the fork server: a function the child runs must live in
+# one of these modules (a function from the API's modules would make each child import
+# FastAPI and SQLAlchemy first, seconds on a busy machine). "__main__" is multiprocessing's own
+# default. A main run as `python -m` (uvicorn, pytest, celery through cli.main) costs a child
+# little; a main run as a script path is imported again by every child (Python 3.11).
+PRELOAD = ["__main__", "reasoning_gym", "trainer.tasks.reasoning_gym_task", "trainer.tasks.dataset_task",
+           "trainer.tasks.isolated"]
 PROBE_EXAMPLES = 4
 
 
@@ -111,6 +117,18 @@ def _probe_examples(name: str, config: dict[str, Any], count: int) -> None:
         dataset = reasoning_gym.create_dataset(name, size=count, seed=seed, **config)
         for i in range(count):
             dataset[i]
+
+
+def count_rows_in_file(path: str, max_line_bytes: int) -> int | str:
+    """The rows of a valid uploaded JSONL file, or its first problem as text ("line N: ...");
+    the API runs it here, in a child, for large uploads."""
+    from trainer.tasks.dataset_task import DatasetFormatError, count_valid_rows
+
+    try:
+        with open(path, "rb") as fh:
+            return count_valid_rows(fh, max_line_bytes)
+    except DatasetFormatError as exc:
+        return str(exc)
 
 
 def probe(name: str, config: dict[str, Any], *, timeout_s: float, memory_mb: int) -> None:
