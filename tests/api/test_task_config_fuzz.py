@@ -34,7 +34,8 @@ MAX_SECONDS = 2 * PROBE_TIMEOUT_S + 4  # the probe's two builds and a fork each
 NUMBERS = st.one_of(
     st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
     st.sampled_from([0, -1, 1, 2**31, 2**63, -2**63, 10**30, 1e308, -0.0]))
-TEXT = st.one_of(st.text(max_size=8), st.sampled_from(["\x00", "\ud800", "a\x00b", "..", "/etc/passwd"]))
+TEXT = st.one_of(st.text(max_size=8),
+                 st.sampled_from(["\x00", "\ud800", "a\x00b", "..", "/etc/passwd"]))
 LEAVES = st.one_of(NUMBERS, TEXT, st.booleans(), st.none())
 VALUES = st.recursive(LEAVES, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(TEXT, inner, max_size=3)), max_leaves=8)

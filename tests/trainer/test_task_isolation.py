@@ -71,7 +71,8 @@ def test_a_stop_kills_the_build_within_a_poll():
 
 def test_memory_past_the_limit_fails_the_build_not_the_caller():
     with pytest.raises(TaskBuildError, match="needed more than 256 MiB"):
-        run_isolated(bytearray, (2 * 1024**3,), what="building a big buffer", timeout_s=30, memory_mb=256)
+        run_isolated(bytearray, (2 * 1024**3,), what="building a big buffer", timeout_s=30,
+                     memory_mb=256)
 
 
 def test_a_huge_power_holding_the_gil_does_not_block_the_caller():

@@ -114,7 +114,8 @@ def _check_data_file(value: Any, path: str) -> None:
                                   f"(one of {', '.join(shipped[:8])}, ...)")
 
 
-def check_config(task: str, config: dict[str, Any], path: str = "task.reasoning_gym.config") -> None:
+def check_config(task: str, config: dict[str, Any],
+                 path: str = "task.reasoning_gym.config") -> None:
     """Raise `ConfigProblem` naming the first field of `config` out of bounds for `task`,
     or the config as a whole when reasoning-gym refuses it (any exception)."""
     from reasoning_gym.factory import DATASETS

@@ -31,8 +31,8 @@ BUILD_MEMORY_MB = int(os.environ.get("BRORL_TASK_BUILD_MEMORY_MB", "8192"))
 # FastAPI and SQLAlchemy first, seconds on a busy machine). "__main__" is multiprocessing's own
 # default. A main run as `python -m` (uvicorn, pytest, celery through cli.main) costs a child
 # little; a main run as a script path is imported again by every child (Python 3.11).
-PRELOAD = ["__main__", "reasoning_gym", "trainer.tasks.reasoning_gym_task", "trainer.tasks.dataset_task",
-           "trainer.tasks.isolated"]
+PRELOAD = ["__main__", "reasoning_gym", "trainer.tasks.reasoning_gym_task",
+           "trainer.tasks.dataset_task", "trainer.tasks.isolated"]
 PROBE_EXAMPLES = 4
 
 
