@@ -30,7 +30,7 @@ from api.quotas import StreamSlots
 from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
 from api.ratelimit import RateLimitMiddleware
 from api.task_probe import TaskProbe
-from api.routes import checkpoints, datasets, events_metrics, health, jobs
+from api.routes import checkpoints, datasets, events_metrics, graders, health, jobs, samples
 from api.web import install_dashboard
 
 API_VERSION = "1.0.0"
@@ -46,7 +46,7 @@ Errors always look like `{"error": {"type", "message", "field"?}}`.
 
 def _v1_router() -> APIRouter:
     v1 = APIRouter(prefix="/v1")
-    for module in (jobs, events_metrics, checkpoints, datasets):
+    for module in (jobs, events_metrics, samples, checkpoints, datasets, graders):
         v1.include_router(module.router)
     return v1
 

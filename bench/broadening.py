@@ -1,11 +1,11 @@
-"""When does broadening pay? (issue 12, items 1-2): the measured regime and the theory map.
+"""When does broadening pay? The measured regime and the theory map (docs/results.md, 6b-6c).
 
     .venv/bin/python bench/broadening.py theory     # token-level simulation map, ~1-3 min
     .venv/bin/python bench/broadening.py measure --difficulty hard [--seeds 0,1,2] [--budget 16384] [--evals 4]
     .venv/bin/python bench/broadening.py broaden --difficulty hard   # after measure: one rollout.broaden job
     .venv/bin/python bench/broadening.py plot       # the map: measured next to the theory
 
-`theory`: trainer/simulate.py (the paper's section 4.1 setting) with the correct tokens' initial
+`theory`: trainer/sim/simulate.py (the paper's section 4.1 setting) with the correct tokens' initial
 logit swept, so the initial correct mass Q0 runs from hard (~0.01) to easy (~0.6); for each Q0 and
 N in --ns, `--steps` AdamW steps; the gain is Q_pos(N) - Q_pos(16) at the end, both at equal
 steps (the paper's Figure 3 protocol) and at equal samples (N = 16 runs N_large/16 x the steps).
@@ -42,7 +42,7 @@ BASE = REPO / "examples" / "chain_sum.yaml"
 
 
 def theory(args) -> None:
-    from trainer.simulate import SimConfig, make_layout, q_pos, run
+    from trainer.sim.simulate import SimConfig, make_layout, q_pos, run
 
     rows = []
     for logit in args.logits:

@@ -38,14 +38,14 @@ OUT = Path(__file__).resolve().parent / "out"
 
 
 def make_prompts(count: int) -> list[list[int]]:
-    from trainer.tiny_model import encode
+    from trainer.models.tiny import encode
 
     head = "State the final answer to the following arithmetic problem: "
     return [encode(f"{head}{(i * 37) % 100} - {(i * 11) % 97} + {i % 89} =\n") for i in range(count)]
 
 
 def build_model(size: str, root: Path):
-    from trainer.tiny_model import build_untrained, save_folder
+    from trainer.models.tiny import build_untrained, save_folder
 
     model, tok = build_untrained(seed=0, size=size, max_position_embeddings=1024)
     return model.eval(), save_folder(model, tok, root / size)

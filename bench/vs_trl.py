@@ -1,4 +1,4 @@
-"""This project's trainer against TRL's GRPOTrainer on the same shapes (issue 11).
+"""This project's trainer against TRL's GRPOTrainer on the same shapes (docs/results.md, section 7).
 
 Both trainers run the same HF folder, task (examples/demo.yaml: chain_sum, 2 one-digit terms),
 prompt text, sampling temperature, N and prompts per step, `max_new_tokens` 24, lr 1e-6,
@@ -77,7 +77,7 @@ def spec_for(cfg: dict):
 def child_prep(cfg: dict) -> None:
     """Build (or find) the models once, so no measured process pays for building them."""
     from trainer.run import build_run, cache_dir
-    from trainer.tiny_model import build_tiny_model
+    from trainer.models.tiny import build_tiny_model
 
     _threads(cfg["threads"])
     with tempfile.TemporaryDirectory() as tmp:

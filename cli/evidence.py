@@ -1,7 +1,7 @@
 """brorl evidence commands: reproduce the paper's claims on this machine (`brorl simulate`).
 
 Every option defaults to None, meaning "take the value from the base config": the paper's
-sizes (trainer.simulate.SimConfig), or the small ones with --quick. That way --quick and an
+sizes (trainer.sim.simulate.SimConfig), or the small ones with --quick. That way --quick and an
 explicit flag combine (e.g. `--quick --steps 300`) without one silently overriding the other.
 torch and matplotlib are imported inside the command so `brorl --help` stays quick.
 """
@@ -62,7 +62,7 @@ def simulate(
     logx: Annotated[bool, Opt(help="Log-scale step axis in the figure.")] = False,
 ) -> None:
     """Reproduce the paper's token-level simulation (Figure 3) and check Theorem 1."""
-    from trainer.simulate import SimConfig, sweep, write_outputs
+    from trainer.sim.simulate import SimConfig, sweep, write_outputs
 
     given = {
         "d": d, "n_correct": n_correct, "correct_logit": correct_logit,

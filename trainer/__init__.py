@@ -2,9 +2,22 @@
 
 `train` is imported lazily so that `trainer.spec` stays importable without torch.
 """
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from trainer.result import TrainResult
+    from trainer.sink import MetricsSink
+    from trainer.spec import JobSpec
 
 
-def train(spec, sink, should_stop, resume=None, **kwargs):
-    from trainer.loop import train as _train
+def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], resume: Path | None = None,
+          *, out_dir: Path, dataset_path: Path | None = None,
+          on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
+    """See `trainer.entry.train`."""
+    from trainer.entry import train as _train
 
-    return _train(spec, sink, should_stop, resume=resume, **kwargs)
+    return _train(spec, sink, should_stop, resume, out_dir=out_dir, dataset_path=dataset_path,
+                  on_step=on_step)

@@ -1,13 +1,13 @@
 """Held-out evaluation: pass@1 (mean over samples), unbiased pass@k, mean response length.
 
 Runs the eval split through the same rollout engine at the spec's eval temperature / top-p
-(PAPER.md: 0.6 / 0.95, pass@1 averaged over 16 samples).
+(the paper's: 0.6 / 0.95, pass@1 averaged over 16 samples).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.passk import pass_at_k_mean
+from trainer.algo.passk import pass_at_k_mean
 from trainer.rollouts import SamplingConfig
 from trainer.spec import JobSpec
 
@@ -42,7 +42,7 @@ def evaluate_checkpoint(spec: JobSpec, model_dir, dataset_path=None) -> dict[str
     """`brorl eval`: load a checkpoint folder and evaluate it on the spec's held-out split."""
     from trainer.run import _encode
     from trainer.engines import make_engine
-    from trainer.models import load_policy, resolve_device
+    from trainer.models.loading import load_policy, resolve_device
     from trainer.tasks import build_task
     from trainer.tasks.prompts import render_prompt
     from trainer.tasks.scoring import Scorer

@@ -1,4 +1,4 @@
-"""`train(spec, sink, should_stop, resume=None)`: the BroRL loop, top to bottom.
+"""The BroRL loop in one process (or on one rank), top to bottom; `trainer.entry.train` calls it.
 
 Each step: maybe evaluate -> pick prompts -> generate N rollouts per prompt -> score ->
 advantages -> filter (refill) -> PPO mini-batches (micro-batched backward) -> optimizer step
@@ -13,25 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trainer import checkpoint, distributed
+from trainer.checkpoints import io as checkpoint
+from trainer.dist import collectives as distributed
 from trainer.run import RESUMED_COUNTERS, Run, build_run
-from trainer.data import mix_seed
+from trainer.prompt_stream import mix_seed
 from trainer.evaluate import EvalContext, evaluate
-from trainer.schedule import broaden, stage_for_step, stage_warning
+from trainer.algo.schedule import broaden, stage_for_step, stage_warning
+from trainer.result import TrainResult
 from trainer.sink import MetricsSink
 from trainer.spec import JobSpec
 from trainer.step import run_step
 from trainer.stop import StopRequested, never, stop_check
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainResult:
-    steps_completed: int
-    stopped: bool                       # should_stop() ended the run early
-    last_eval: dict[str, float] | None
-    last_checkpoint: Path | None
 
 
 def _due(every: int, step: int) -> bool:
@@ -89,6 +83,18 @@ def _check_stall(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
             raise StallError(message + " (algo.fail_on_stall is set)")
 
 
+def _check_gaming(run: Run, sink: MetricsSink, step: int, values: dict, evaluated: dict | None) -> None:
+    """Warn when the training reward rises while eval pass@1 falls (`trainer.algo.gaming`)."""
+    if values.get("reward_mean") is not None:
+        run.gaming.step(values["reward_mean"])
+    if evaluated is None or "eval/pass@1" not in evaluated:
+        return
+    ev = run.spec.eval
+    if message := run.gaming.evaluation(step, evaluated["eval/pass@1"], ev.gaming_window, ev.gaming_min_delta):
+        sink.event("warning", {"step": step, "message": message})
+        log.warning(message)
+
+
 def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
     """`rollout.broaden`: after an evaluation at `step` (steps completed), start a wider stage
     at the next step when the metric has not risen by min_delta over `patience` evaluations."""
@@ -112,29 +118,28 @@ def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None
     log.info("broadened at step %d: n %d -> %d (%s)", step, prev.n, new.n, reason)
 
 
-def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], resume: Path | None = None,
-          *, out_dir: Path, dataset_path: Path | None = None,
-          on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
-    """Run `spec` to the end of its schedule (or until `should_stop()`); see module docstring.
-
-    Steps are counted from 1: metrics row `s` describes the s-th update; checkpoint `s` holds the
-    weights after it. `resume` is a checkpoint folder of the same spec. `on_step` is an optional
-    progress callback (the CLI's progress bar). `resources.gpus_per_node` > 1 runs the job on
-    that many ranks under torchrun (`trainer.launch`); each rank then comes back here.
-    """
+def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool],
+                     resume: Path | None = None, *, out_dir: Path, dataset_path: Path | None = None,
+                     on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
+    """`trainer.entry.train`'s contract, in this process; on ranks, each rank runs this."""
     if spec.resources.gpus_per_node > 1 and not distributed.launched_as_rank():
-        from trainer.launch import train_distributed
-
-        return train_distributed(spec, sink, should_stop, resume, out_dir=Path(out_dir),
-                                 dataset_path=dataset_path, on_step=on_step)
+        raise ValueError("a job with resources.gpus_per_node > 1 runs on ranks: call trainer.train")
     # On ranks a stop is agreed at step boundaries only: one rank leaving a phase early would
     # leave the others waiting in a collective (the launcher kills ranks after a grace period).
     check = never if distributed.active() else stop_check(should_stop)
     try:
         run = build_run(spec, Path(out_dir), resume, dataset_path, check)
     except StopRequested:  # during the warm start of builtin:tiny
-        return TrainResult(steps_completed=0, stopped=True, last_eval=None, last_checkpoint=None)
-    total = spec.total_steps
+        return TrainResult.stopped_before_start()
+    try:
+        return _run_steps(run, sink, should_stop, on_step)
+    finally:
+        run.close()
+
+
+def _run_steps(run: Run, sink: MetricsSink, should_stop: Callable[[], bool],
+               on_step: Callable[[int, dict], None] | None) -> TrainResult:
+    spec, total = run.spec, run.spec.total_steps
     start = done = run.state.step  # `done`: steps whose update, metrics and eval all finished
     last_eval, last_ckpt, stopped = None, None, False
     try:
@@ -147,36 +152,44 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
                 stopped = True
                 break
             step = done + 1
-            plan = stage_for_step(run.plans, done)  # the schedule counts steps from 0
-            if done == plan.first_step or done == start:
-                sink.event("stage_started", {"step": step, **dataclasses.asdict(plan)})
-                if done == plan.first_step and (warning := stage_warning(run.plans, plan)):
-                    sink.event("warning", {"step": step, "message": warning})
-                    log.warning(warning)
-            run.state.stage = plan.index
-            values = run_step(run, plan, done)
-            if _due(spec.eval.every, step) or step == total:
-                last_eval = _evaluate(run, sink, step)
-                values.update(last_eval)
-            sink.metrics(step, values)
-            _check_stall(run, sink, step, values)
-            if "eval/pass@1" in values:
-                _maybe_broaden(run, sink, step, values)
-            if on_step:
-                on_step(step, values)
-            # Reset the reference before checkpointing so that a checkpoint holds the state after
-            # the whole step (a resume then never has to replay the reset).
-            if run.ref is not None and _due(spec.algo.ref_reset_every or 0, step):
-                run.ref.load_state_dict(distributed.full_state_dict(run.policy))
-                run.state.ref_step = step
-            if _due(spec.checkpoint.every, step) or step == total:
-                last_ckpt = _checkpoint(run, sink, step)
+            evaluated, saved = _step(run, sink, step, start, on_step)
+            last_eval, last_ckpt = evaluated or last_eval, saved or last_ckpt
             done = step
         if stopped and done > start and not _due(spec.checkpoint.every, done):
             last_ckpt = _checkpoint(run, sink, done)  # keep the work done before the stop
     except StopRequested:
         # Stopped inside a phase of a step: that step is abandoned, not saved half-done.
         stopped = True
-    finally:
-        run.close()
     return TrainResult(steps_completed=done, stopped=stopped, last_eval=last_eval, last_checkpoint=last_ckpt)
+
+
+def _step(run: Run, sink: MetricsSink, step: int, start: int,
+          on_step: Callable[[int, dict], None] | None) -> tuple[dict | None, Path | None]:
+    """Step `step` (counted from 1) and what follows it; returns (its eval, its checkpoint)."""
+    spec, done = run.spec, step - 1
+    plan = stage_for_step(run.plans, done)  # the schedule counts steps from 0
+    if done == plan.first_step or done == start:
+        sink.event("stage_started", {"step": step, **dataclasses.asdict(plan)})
+        if done == plan.first_step and (warning := stage_warning(run.plans, plan)):
+            sink.event("warning", {"step": step, "message": warning})
+            log.warning(warning)
+    run.state.stage = plan.index
+    values = run_step(run, plan, done, on_samples=lambda rows: sink.samples(step, rows))
+    evaluated = None
+    if _due(spec.eval.every, step) or step == spec.total_steps:
+        evaluated = _evaluate(run, sink, step)
+        values.update(evaluated)
+    sink.metrics(step, values)
+    _check_stall(run, sink, step, values)
+    _check_gaming(run, sink, step, values, evaluated)
+    if evaluated is not None:
+        _maybe_broaden(run, sink, step, values)
+    if on_step:
+        on_step(step, values)
+    # Reset the reference before checkpointing so that a checkpoint holds the state after
+    # the whole step (a resume then never has to replay the reset).
+    if run.ref is not None and _due(spec.algo.ref_reset_every or 0, step):
+        run.ref.load_state_dict(distributed.full_state_dict(run.policy))
+        run.state.ref_step = step
+    saved = _checkpoint(run, sink, step) if _due(spec.checkpoint.every, step) or step == spec.total_steps else None
+    return evaluated, saved

@@ -1,4 +1,4 @@
-"""Typed batches handed between the algorithm pieces (ARCHITECTURE.md rule 3).
+"""Typed batches handed between the algorithm pieces, which are pure functions of them.
 
 `Generation` is what a rollout engine returns; `Rollouts` is one step's scored batch,
 flat over samples, with `group` telling which prompt each sample came from.
@@ -43,7 +43,7 @@ class Rollouts:
     rewards: torch.Tensor            # [S] float
     truncated: torch.Tensor          # [S] bool
     correct: torch.Tensor | None = None     # [S] bool: the verifier's verdict (pass rate, filter stats)
-    advantages: torch.Tensor | None = None  # [S] float, set by trainer.advantages
+    advantages: torch.Tensor | None = None  # [S] float, set by trainer.algo.advantages
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # other per-sample tensors
 
     def __len__(self) -> int:

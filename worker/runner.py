@@ -17,7 +17,7 @@ be tested without a broker. One run, top to bottom:
    a cancel), or failed (an exception, with a `failed` event carrying a user message; the
    traceback goes to the worker log only, or the wall-clock limit), after the sink has
    written the rows it buffered during a database outage. An exception marked
-   `retryable = True` (a fault of the machine, e.g. `trainer.launch.RankDied` when a rank of
+   `retryable = True` (a fault of the machine, e.g. `trainer.dist.launch.RankDied` when a rank of
    a many-GPU job dies) is not the job's fault: below `limits.max_attempts` the job is
    queued again (`store.jobs.retry_or_fail`) and enqueued on the queue of its GPU count.
    A fenced run writes nothing: the job is no longer ours. A run stopped because the
@@ -40,10 +40,10 @@ from sqlalchemy.exc import OperationalError
 from store import artifacts, datasets, jobs
 from store.db import session_scope
 from store.errors import Fenced
-from store.model_policy import model_path_problem
+from store.model_paths import model_path_problem
 from store.models import Checkpoint
 from store.settings import Settings, get_settings
-from trainer import ckpt_format
+from trainer.checkpoints import format as ckpt_format
 from worker import celery_app
 from worker.celery_app import Enqueue
 from worker.messages import user_message
@@ -281,7 +281,8 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         state.fenced = True
 
     sink = DbSink(job_id, attempt, on_fenced=on_fenced, keep_last=spec.checkpoint.keep_last,
-                  retry_seconds=settings.lease_seconds, buffer_rows=settings.sink_buffer_rows)
+                  retry_seconds=settings.lease_seconds, buffer_rows=settings.sink_buffer_rows,
+                  max_sample_bytes=settings.max_sample_bytes_per_job)
     try:
         # Per attempt: a stale attempt can neither overwrite nor prune its successor's files.
         out_dir = artifacts.attempt_dir(settings, job_id, attempt)

@@ -1,6 +1,6 @@
 """A job's checkpoints: the list, and each one as a `.tar.gz` of its HF-format folder.
 
-Downloads are archives built once when the checkpoint was recorded (`trainer.ckpt_format`),
+Downloads are archives built once when the checkpoint was recorded (`trainer.checkpoints.format`),
 served by `FileResponse` (sendfile, no Python in the byte path), with
 `Content-Length`, a strong `ETag` (the archive's quoted sha256), `X-Checksum-Sha256` for
 clients that verify what they saved, and `If-None-Match` answered with 304.
@@ -18,7 +18,7 @@ from fastapi.responses import FileResponse
 from store import jobs
 from store.errors import NotFound
 from store.models import Checkpoint
-from trainer import ckpt_format
+from trainer.checkpoints import format as ckpt_format
 
 from api.deps import SessionDep, TenantDep
 from api.errors import ApiError

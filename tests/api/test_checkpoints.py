@@ -14,18 +14,18 @@ from store import jobs as store_jobs
 from store.artifacts import checkpoint_dir
 from store.db import session_scope
 
-from trainer import ckpt_format
+from trainer.checkpoints import format as ckpt_format
 
 from tests.api.helpers import assert_error, make_spec
 
 @pytest.fixture(scope="session")
 def trainer_checkpoint(tmp_path_factory) -> Path:
-    """A checkpoint folder written by `trainer.checkpoint.save` (a small Qwen2 + tokenizer)."""
+    """A checkpoint folder written by `trainer.checkpoints.io.save` (a small Qwen2 + tokenizer)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trainer import checkpoint
-    from trainer.tiny_model import build_tokenizer
+    from trainer.checkpoints import io as checkpoint
+    from trainer.models.tiny import build_tokenizer
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=120, hidden_size=16, intermediate_size=32,

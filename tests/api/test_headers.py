@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from store.model_policy import model_path_problem
+from store.model_paths import model_path_problem
 from tests.api.helpers import assert_error, make_spec
 
 

@@ -1,4 +1,4 @@
-"""A job on 2 ranks through the whole service (issue 13): `brorl up` with BRORL_GPU_COUNTS=1,2,
+"""A job on 2 ranks through the whole service: `brorl up` with BRORL_GPU_COUNTS=1,2,
 the real trainer, torchrun and gloo on the CPU. The job succeeds with every metric step once
 and a checkpoint that downloads and loads; SIGKILL of one rank fails that attempt as a machine
 fault and the next attempt resumes from the checkpoint to success."""
@@ -75,7 +75,7 @@ def _rank_pids(job_id: str) -> list[int]:
             cmd = (entry / "cmdline").read_bytes().decode(errors="replace") if entry.name.isdigit() else ""
         except OSError:
             continue
-        if "trainer.rank_main" in cmd and job_id in cmd and "torch.distributed.run" not in cmd:
+        if "trainer.dist.rank_main" in cmd and job_id in cmd and "torch.distributed.run" not in cmd:
             found.append(int(entry.name))
     return found
 

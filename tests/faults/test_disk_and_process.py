@@ -46,8 +46,8 @@ def test_checkpoint_on_a_full_disk_fails_clearly_and_leaves_nothing(small_disk):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trainer import checkpoint
-    from trainer.tiny_model import build_tokenizer
+    from trainer.checkpoints import io as checkpoint
+    from trainer.models.tiny import build_tokenizer
 
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=120, hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=1, num_attention_heads=2,
@@ -65,8 +65,8 @@ def test_checkpoint_into_a_read_only_dir_fails_clearly(small_disk):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trainer import checkpoint
-    from trainer.tiny_model import build_tokenizer
+    from trainer.checkpoints import io as checkpoint
+    from trainer.models.tiny import build_tokenizer
 
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=120, hidden_size=16, intermediate_size=32,

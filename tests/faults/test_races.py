@@ -208,7 +208,7 @@ def test_leftovers_of_a_crash_mid_checkpoint_are_swept_by_the_next_attempt(stack
     with session_scope() as s:
         jobs.record_metrics(s, job_id, first, 1, {"loss": 1.0})
         jobs.record_checkpoint(s, job_id, first, 1, str(recorded), nbytes, digest)
-    # What SIGKILL during trainer.checkpoint.save leaves: a temp folder, or (killed between the
+    # What SIGKILL during trainer.checkpoints.io.save leaves: a temp folder, or (killed between the
     # rename and the record) a complete folder without a row.
     (out / "checkpoints" / ".tmp-step-00000002-dead").mkdir()
     write_checkpoint(out, 2)

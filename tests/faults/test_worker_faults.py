@@ -14,7 +14,7 @@ import pytest
 from store.db import session_scope
 from store.models import Checkpoint, Job, JobEvent, JobStatus, Metric
 from tests.faults.conftest import wait_for
-from trainer import ckpt_format
+from trainer.checkpoints import format as ckpt_format
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(180)]
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from trainer.advantages import (
+from trainer.algo.advantages import (
     ADVANTAGES, group_baseline, group_mean, grpo, reinforce_pp_baseline, whiten,
 )
 

@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer.checkpoint import TrainerState
+from trainer.checkpoints.io import TrainerState
 from trainer.loop import _maybe_broaden
-from trainer.schedule import Plateau, broaden, plan, replan, stage_for_step, widest_samples
+from trainer.algo.schedule import Plateau, broaden, plan, replan, stage_for_step, widest_samples
 from trainer.spec import JobSpec
 
 RG = {"reasoning_gym": {"name": "chain_sum"}}

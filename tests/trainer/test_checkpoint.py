@@ -2,8 +2,8 @@
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from trainer import checkpoint
-from trainer.tiny_model import build_tokenizer
+from trainer.checkpoints import io as checkpoint
+from trainer.models.tiny import build_tokenizer
 
 
 def small_model(seed=0):

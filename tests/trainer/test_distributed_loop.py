@@ -84,7 +84,7 @@ def test_two_ranks_resume_in_one_process_and_back(tmp_path):
 
 
 def _ranks_alive(control: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"trainer.rank_main {control}"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", f"trainer.dist.rank_main {control}"], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
 
 

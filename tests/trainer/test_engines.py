@@ -14,7 +14,7 @@ import torch
 from trainer.engines.base import WeightSyncError, trainer_token_logprobs
 from trainer.engines.hf_engine import HFEngine
 from trainer.rollouts import SamplingConfig
-from trainer.tiny_model import VOCAB, build_untrained, encode, save_folder
+from trainer.models.tiny import VOCAB, build_untrained, encode, save_folder
 
 EOS = VOCAB["<eos>"]
 PROMPTS = [encode("State the answer: 1 + 2 =\n"), encode("hi"), encode("7 - 9 =\n")]
@@ -183,7 +183,7 @@ def test_hf_sync_is_noop_for_same_model_and_copies_otherwise(tiny):
 def test_make_engine_builds_hf_and_refuses_unknown(tiny):
     from trainer.engines import RolloutEngine, make_engine
 
-    from trainer.models import load_policy
+    from trainer.models.loading import load_policy
 
     model, tok = load_policy(tiny[1], "auto", "cpu")
     engine = make_engine("hf", tiny[1], model, tok, dtype="auto", seed=0, max_model_len=256,

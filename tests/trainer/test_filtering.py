@@ -1,7 +1,7 @@
 """Dynamic sampling: which groups carry signal, and the filter's statistics."""
 import torch
 
-from trainer.filtering import filter_rollouts, group_solve_stats, informative_groups
+from trainer.algo.filtering import filter_rollouts, group_solve_stats, informative_groups
 from trainer.rollouts import Rollouts
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from trainer.losses import KL_ESTIMATORS, is_weights, ppo_clip_terms, token_sum
-from trainer.update import (
+from trainer.algo.losses import KL_ESTIMATORS, is_weights, ppo_clip_terms, token_sum
+from trainer.optim.update import (
     MAX_AUTO_TOKENS, UpdateConfig, auto_micro_batch_tokens, micro_batches, ppo_update,
     sequence_logprobs,
 )
@@ -95,7 +95,7 @@ def test_sequence_logprobs_padding_is_invisible(model, max_tokens):
 
 
 def _full_batch_grads(model, ro, old, ref, cfg):
-    """One padded forward over the whole mini-batch, written independently of trainer/update.py."""
+    """One padded forward over the whole mini-batch, written independently of trainer/optim/update.py."""
     B = len(ro)
     seqs = [p + r for p, r in zip(ro.prompt_ids, ro.response_ids)]
     L, R = max(map(len, seqs)), max(map(len, ro.response_ids))

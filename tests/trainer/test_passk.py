@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from trainer.passk import pass_at_k, pass_at_k_mean
+from trainer.algo.passk import pass_at_k, pass_at_k_mean
 
 
 def _brute(n, c, k):

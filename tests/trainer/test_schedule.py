@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from trainer.schedule import lr_at, plan, scaled_lr, stage_for_step
+from trainer.algo.schedule import lr_at, plan, scaled_lr, stage_for_step
 from trainer.spec import JobSpec
 
 RG = {"reasoning_gym": {"name": "chain_sum"}}
@@ -18,7 +18,7 @@ def spec(rule="sqrt", warmup=0, batch="samples"):
 
 
 def test_paper_sqrt_rule():
-    # 512x16 -> 128x512 is 8x the samples: the lr grows sqrt(8) ~ 2.83x (PAPER.md).
+    # 512x16 -> 128x512 is 8x the samples: the lr grows sqrt(8) ~ 2.83x (the paper's rule).
     p = plan(spec())
     assert p[1].samples_per_step / p[0].samples_per_step == 8
     assert p[1].lr / p[0].lr == pytest.approx(math.sqrt(8))
@@ -42,7 +42,7 @@ def test_stage_lookup_and_warmup():
 
 
 def test_stage_warning_flags_few_prompts_per_update():
-    from trainer.schedule import stage_warning
+    from trainer.algo.schedule import stage_warning
 
     def plans(p0, p1):
         return plan(JobSpec.model_validate({

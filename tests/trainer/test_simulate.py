@@ -1,4 +1,4 @@
-"""The token-level simulation (trainer/simulate.py) and its command (`brorl simulate`).
+"""The token-level simulation (trainer/sim/simulate.py) and its command (`brorl simulate`).
 
 Everything here runs in quick mode or without steps, so the file takes a few seconds on CPU.
 """
@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from cli import evidence
-from trainer.simulate import (
+from trainer.sim.simulate import (
     PAPER_INITIAL_Q_POS,
     SimConfig,
     batch_weights,

@@ -1,5 +1,5 @@
 """The fast update (shared prompt prefix, no separate old-log-prob pass) against the plain one:
-same loss, statistics and gradients on the same batch, to float tolerance (issue 11)."""
+same loss, statistics and gradients on the same batch, to float tolerance."""
 import copy
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from trainer.rollouts import Rollouts
-from trainer.update import (UpdateConfig, micro_batches, ppo_update, prefix_micro_batches,
+from trainer.optim.update import (UpdateConfig, micro_batches, ppo_update, prefix_micro_batches,
                             sequence_logprobs, uses_shared_prefix)
 
 VOCAB, MAX_NEW = 64, 24

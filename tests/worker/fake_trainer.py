@@ -9,7 +9,7 @@ survives the trip through HTTP, the database and a worker subprocess:
 - `steps=N`: train N steps instead of 3;
 - `fail`: raise RuntimeError("fake trainer failure") after the first step;
 - `crash`: kill the whole process (os._exit) after the first step, as an OOM kill would;
-- `rankdied`: raise `FakeRankDied` (`retryable = True`, like `trainer.launch.RankDied`)
+- `rankdied`: raise `FakeRankDied` (`retryable = True`, like `trainer.dist.launch.RankDied`)
   after the first step, as a many-GPU job does when one of its ranks dies;
 - `ckpt`: save (and record) a checkpoint after every step, not only the last.
 - `build`: first build the spec's task as the real trainer does (`trainer.tasks.build_task`,
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trainer import ckpt_format
+from trainer.checkpoints import format as ckpt_format
 
 STEPS = 3
 
@@ -54,7 +54,7 @@ def _flag(name: str, flag: str) -> bool:
 
 
 def write_checkpoint(out_dir: Path, step: int) -> tuple[Path, int, str]:
-    """A checkpoint folder in the trainer's format (`trainer.ckpt_format`): config, weights,
+    """A checkpoint folder in the trainer's format (`trainer.checkpoints.format`): config, weights,
     state and manifest; returns (dir, bytes, digest)."""
     folder = Path(out_dir) / "checkpoints" / ckpt_format.folder_name(step)
     folder.mkdir(parents=True, exist_ok=True)

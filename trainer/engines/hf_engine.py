@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from trainer.distributed import full_state_dict
+from trainer.dist.collectives import full_state_dict
 from trainer.engines.base import WeightSyncError
-from trainer.update import autocast
+from trainer.optim.update import autocast
 from trainer.rollouts import Generation, SamplingConfig
 
 

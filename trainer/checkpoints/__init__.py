@@ -1,0 +1,1 @@
+"""Checkpoints: the torch-free format (`format`, shared with the store) and save/load (`io`)."""

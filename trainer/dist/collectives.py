@@ -1,0 +1,217 @@
+"""One job on many ranks: torch.distributed plumbing for the update (docs/many-gpus.md).
+
+Started by torchrun (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT in the environment):
+gloo on a CPU, nccl on CUDA. Every helper here is the identity in a single process, so the
+one-process path runs the same code.
+
+What makes N ranks equal one process on the same batch (tests/trainer/test_distributed.py):
+- each rank holds whole groups (group-mean advantages stay local and exact);
+- whatever spans the batch is a SUM all-reduced over ranks: advantage whitening's moments,
+  each mini-batch's valid-token count (the loss denominator), the statistics;
+- the policy is sharded with FSDP2 `fully_shard`, whose reduce-scatter SUMS the gradients
+  (divide factor 1): each rank's loss is already its token sum over the GLOBAL token count;
+- FSDP all-gathers a layer's weights at every forward, so every rank must run the same
+  number of forwards: a rank with fewer micro-batches runs zero-weight `dummy_pass`es.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def init_from_env(device: torch.device | None = None) -> bool:
+    """Join the process group torchrun describes (WORLD_SIZE > 1); False when there is none."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return active()
+    cuda = device is not None and device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30))
+    return True
+
+
+def launched_as_rank() -> bool:
+    """This process is one of torchrun's ranks (WORLD_SIZE > 1), whether or not it has joined."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def any_true(flag: bool) -> bool:
+    """True on every rank when it is true on any (a stop agreed at a step boundary)."""
+    if not active():
+        return bool(flag)
+    return all_sum_floats([float(bool(flag))])[0] > 0
+
+
+def from_rank0(obj):
+    """Rank 0's `obj` on every rank (any picklable object)."""
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
+def all_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of `t` over ranks (a new tensor; `t` itself in one process)."""
+    if not active():
+        return t
+    out = t.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def all_sum_floats(values: list[float]) -> list[float]:
+    """Float64 sums over ranks of a list of numbers (one all-reduce)."""
+    if not active():
+        return list(values)
+    return all_sum(torch.tensor(values, dtype=torch.float64)).tolist()
+
+
+def all_gather_int(n: int) -> list[int]:
+    """Every rank's `n`, in rank order."""
+    if not active():
+        return [n]
+    out = [None] * world_size()
+    dist.all_gather_object(out, int(n))
+    return [int(x) for x in out]
+
+
+def all_max_int(n: int) -> int:
+    return max(all_gather_int(n))
+
+
+def share(items: list, r: int | None = None, ws: int | None = None) -> list:
+    """Rank r's contiguous share of `items` (sizes differ by at most one, early ranks larger)."""
+    r = rank() if r is None else r
+    ws = world_size() if ws is None else ws
+    base, extra = divmod(len(items), ws)
+    start = r * base + min(r, extra)
+    return items[start:start + base + (1 if r < extra else 0)]
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _blocks(model) -> list[torch.nn.Module]:
+    """The transformer blocks (HF decoders keep them in `model.model.layers`)."""
+    inner = getattr(model, "model", model)
+    return list(getattr(inner, "layers", []))
+
+
+def shard_policy(model: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Module:
+    """FSDP2: each block, then the root, sharded over the ranks (in place; returns `model`).
+
+    The sharded parameters stay float32 (master weights, what AdamW updates); on CUDA with a
+    bf16 compute dtype the all-gathered weights are bf16 and gradients reduce in float32.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy()
+    if compute_dtype == torch.bfloat16 and next(model.parameters()).device.type == "cuda":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in _blocks(model):
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    for m in model.modules():
+        if is_sharded(m):
+            m.set_gradient_divide_factor(1.0)  # sum, not mean: the loss is already global
+            m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    return model
+
+
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """The whole model's weights on every rank (all-gathered when sharded), on the CPU."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+
+
+def dummy_pass(model, backward: bool) -> None:
+    """A zero-weight forward (and backward) on one token, so that a rank with fewer
+    micro-batches still joins every FSDP all-gather and reduce-scatter of the others."""
+    device = next(model.parameters()).device
+    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+    with torch.set_grad_enabled(backward):
+        out = model(input_ids=ids, position_ids=torch.zeros_like(ids), use_cache=False)
+        if backward:
+            (out.logits.float().sum() * 0.0).backward()
+
+
+def pad_count(model, n_chunks: int) -> int:
+    """Dummy passes this rank must add so that all ranks run the same number of forwards."""
+    if not (active() and is_sharded(model)):
+        return 0
+    return all_max_int(n_chunks) - n_chunks
+
+
+# --------------------------------------------------------------------------- checkpoints
+# torch.distributed.checkpoint writes each rank's shards plus the metadata to reshard them,
+# so a checkpoint saved by N ranks loads into M (one process included: no process group).
+
+
+def save_sharded(folder, model, optimizer) -> None:
+    """Model and optimizer state as a DCP checkpoint in `folder` (every rank calls this)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(folder), no_dist=not active())
+
+
+def load_sharded(folder, model, optimizer) -> None:
+    """Restore `save_sharded`'s state into this run's (maybe differently) sharded model."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not active())
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def load_full_optimizer(model, optimizer, state: dict) -> None:
+    """A one-process `optimizer.state_dict()` (parameters by index, in `model.parameters()`
+    order) into this rank's optimizer over the sharded `model` (each rank keeps its shard)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = [n for n, _ in model.named_parameters()]
+    full = {"state": {names[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
+
+
+def save_consolidated(folder, model, tokenizer=None) -> None:
+    """The whole model as an HF folder (safetensors) for download: gathered on every rank,
+    written by rank 0 only."""
+    full = full_state_dict(model)
+    if rank() == 0:
+        model.save_pretrained(folder, state_dict=full, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+    if active():
+        dist.barrier()

@@ -1,0 +1,30 @@
+"""`train`: the one entry point. A job on one process runs the loop here; a job that asks for
+`resources.gpus_per_node` > 1 is handed to the launcher, whose ranks run the same loop."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from trainer.result import TrainResult
+from trainer.sink import MetricsSink
+from trainer.spec import JobSpec
+
+
+def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], resume: Path | None = None,
+          *, out_dir: Path, dataset_path: Path | None = None,
+          on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
+    """Run `spec` to the end of its schedule, or until `should_stop()` (then save and return).
+
+    Steps are counted from 1: metrics row `s` describes the s-th update; checkpoint `s` holds the
+    weights after it. `resume` is a checkpoint folder of the same spec. `on_step(step, values)`
+    is an optional progress callback (the CLI's progress bar).
+    """
+    if spec.resources.gpus_per_node > 1:
+        from trainer.dist.launch import train_on_ranks
+
+        return train_on_ranks(spec, sink, should_stop, resume, out_dir=Path(out_dir),
+                              dataset_path=dataset_path, on_step=on_step)
+    from trainer.loop import train_in_process
+
+    return train_in_process(spec, sink, should_stop, resume, out_dir=Path(out_dir),
+                            dataset_path=dataset_path, on_step=on_step)

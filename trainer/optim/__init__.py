@@ -1,0 +1,1 @@
+"""The update: sequence log-probs, the micro-batched PPO step and the CPU-offloaded optimizer."""

@@ -1,0 +1,447 @@
+"""The model-facing half of the objective: log-probs and the micro-batched PPO update.
+
+Large N is the normal case, not an option: a mini-batch of 512 x 128 / 4 samples
+never goes through the model at once. Samples are packed into micro-batches of at most
+`max_tokens` padded tokens; each micro-batch runs forward and backward on its own, with its
+loss divided by the valid-token count of the WHOLE mini-batch, so the accumulated gradient
+equals the full mini-batch's gradient while only one micro-batch's activations are alive.
+
+When prompts repeat (groups of N), a micro-batch runs each prompt once and its responses
+attend to the prompt's keys/values (`_shared_prefix_logits`); the budget then counts the
+tokens actually run (prompts once, responses padded to the chunk's longest). Otherwise:
+
+Sequences are prompt + response, right-padded with token 0 and an attention mask; with right
+padding real tokens never see padding under the causal mask, and position ids are simply
+0 .. L-1 (passed explicitly so no model has to infer them from the mask).
+
+Precision: the trainable weights and the optimizer state stay float32 (master weights);
+with `compute_dtype` bfloat16 every forward runs under `torch.autocast`, so matmuls are bf16
+while the update lands on the float32 weights (a bf16 weight cannot take a 1e-6 step). Dropout
+is switched off at load time (`trainer.models.loading.disable_dropout`), so train/eval mode does not
+change any log-prob here.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from trainer.dist import collectives as distributed
+from trainer.algo.losses import (
+    KL_ESTIMATORS,
+    entropy_from_logits,
+    is_ratio,
+    is_weights,
+    ppo_clip_terms,
+    token_sum,
+)
+from trainer.rollouts import Rollouts
+
+# Activation memory one micro-batch may use when `micro_batch_tokens: auto`. A fixed budget
+# (not a probe of free device memory) so that a run's micro-batching, and therefore its
+# numerics, do not depend on what else is on the device.
+ACTIVATION_BUDGET_BYTES = 4 * 2**30
+# Upper bound for `auto`: tiny models would otherwise get millions of tokens per chunk,
+# whose padding waste and latency buy nothing.
+MAX_AUTO_TOKENS = 65_536
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """What one PPO mini-batch update needs; built once per run from the spec."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.27
+    kl_coef: float = 1e-4
+    kl_estimator: str = "k2"
+    is_band: tuple[float, float] | None = (0.5, 5.0)
+    temperature: float = 1.0
+    grad_clip: float | None = 1.0
+    compute_dtype: torch.dtype = torch.float32
+    # Run each prompt once per micro-batch and let its samples attend to its keys/values
+    # (`_shared_prefix_logits`); off = the plain padded batch. Same objective either way.
+    shared_prefix: bool = True
+
+    def __post_init__(self) -> None:
+        # Resolved once here (an unknown name fails now), not looked up in every micro-batch.
+        object.__setattr__(self, "kl_fn", KL_ESTIMATORS[self.kl_estimator])
+
+    @classmethod
+    def from_spec(cls, spec, compute_dtype: torch.dtype = torch.float32) -> "UpdateConfig":
+        a = spec.algo
+        return cls(a.clip_low, a.clip_high, a.kl_coef, a.kl_estimator,
+                   a.is_truncation, spec.rollout.temperature, spec.optim.grad_clip, compute_dtype)
+
+
+def autocast(device: torch.device, compute_dtype: torch.dtype):
+    """bf16 autocast around a forward when the compute dtype is not float32 (CPU too)."""
+    if compute_dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=compute_dtype)
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Sample indices grouped so each chunk's padded size len(chunk) * max_len <= max_tokens.
+
+    Samples are sorted by length, longest first, so similar lengths share a chunk (little
+    padding) and the largest chunk runs first (an out-of-memory shows up at once, not after
+    minutes). A sample longer than the budget gets a chunk of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    chunks: list[list[int]] = []
+    for i in order:
+        # Longest first: the chunk's first sample sets its padded length.
+        if chunks and (len(chunks[-1]) + 1) * lengths[chunks[-1][0]] <= max_tokens:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
+    return chunks
+
+
+def auto_micro_batch_tokens(model, max_seq_len: int,
+                            budget_bytes: int = ACTIVATION_BUDGET_BYTES) -> int:
+    """Tokens per micro-batch for `micro_batch_tokens: auto`, from a fixed activation budget.
+
+    Rough bytes per token of a forward+backward without checkpointing:
+    - logits: vocab x 4 bytes x 3 (the logits, their float32/tempered copy, their gradient);
+    - per layer: (16 x hidden + 3 x intermediate) x parameter bytes (attention projections,
+      norms and residuals; SwiGLU's gate, up and product).
+    The result is clamped to [max_seq_len, MAX_AUTO_TOKENS] (a sequence must always fit).
+    """
+    cfg = model.config
+    hidden = cfg.hidden_size
+    inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    layers = cfg.num_hidden_layers
+    elem = next(model.parameters()).element_size()
+    per_token = cfg.vocab_size * 4 * 3 + layers * (16 * hidden + 3 * inter) * elem
+    tokens = min(budget_bytes // per_token, MAX_AUTO_TOKENS)
+    return max(int(tokens), int(max_seq_len))
+
+
+def _pack(prompt_ids, response_ids, idx: list[int], device) -> dict:
+    """Right-padded model inputs for the samples `idx` plus where their response tokens are."""
+    seqs = [torch.tensor(prompt_ids[i] + response_ids[i], dtype=torch.long) for i in idx]
+    plens = torch.tensor([len(prompt_ids[i]) for i in idx])
+    if len(idx) and int(plens.min()) == 0:
+        raise ValueError("empty prompt: the first response token would have no predicting position")
+    rlens = torch.tensor([len(response_ids[i]) for i in idx])
+    ids = pad_sequence(seqs, batch_first=True, padding_value=0)
+    L = ids.shape[1]
+    attn = (torch.arange(L).unsqueeze(0) < (plens + rlens).unsqueeze(1)).long()
+    R = int(rlens.max()) if len(idx) else 0
+    j = torch.arange(R).unsqueeze(0)
+    resp_mask = j < rlens.unsqueeze(1)
+    # Logits at position p predict token p + 1: response token j is predicted at plen-1+j.
+    pred_pos = torch.where(resp_mask, plens.unsqueeze(1) - 1 + j, torch.zeros_like(j))
+    targets = torch.where(resp_mask, ids.gather(1, (pred_pos + 1).clamp_max(L - 1)), 0)
+    return {
+        "input_ids": ids.to(device), "attention_mask": attn.to(device),
+        "position_ids": torch.arange(L).expand(len(idx), L).to(device),
+        "pred_pos": pred_pos.to(device), "targets": targets.to(device),
+        "mask": resp_mask.to(device), "rlens": rlens.tolist(),
+        "keep": max(L - int(plens.min()) + 1, 1) if len(idx) else 1,
+    }
+
+
+def _response_logits(model, batch: dict, temperature: float,
+                     compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[b, R, V] float32 logits / temperature at the positions that predict response tokens."""
+    # logits_to_keep: only the tail from the shortest prompt on is projected to the vocab,
+    # so long prompts do not cost a [L, V] logits tensor each.
+    keep = batch["keep"]
+    with autocast(batch["input_ids"].device, compute_dtype):
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    position_ids=batch["position_ids"], logits_to_keep=keep, use_cache=False)
+    L = batch["input_ids"].shape[1]
+    pos = batch["pred_pos"] - (L - keep)
+    V = out.logits.shape[-1]
+    logits = out.logits.gather(1, pos.clamp_min(0).unsqueeze(-1).expand(-1, -1, V))
+    return logits.float() / temperature
+
+
+# ----------------------------------------------------------------------------- shared prefix
+# All N samples of a group share one prompt. The plain batch runs that prompt N times; here it
+# runs once per micro-batch, and the group's responses attend to its cached keys/values
+# (index-selected over the group, so gradients from all N responses sum back into the one
+# prompt pass). Same logits as the plain batch up to float rounding: same positions, same
+# causal visibility, padding masked. Everything is right-padded, so no query row is fully
+# masked (left padding would put NaNs into padded keys/values).
+
+
+def uses_shared_prefix(model, prompt_ids, enabled: bool = True) -> bool:
+    """Whether the shared-prefix forward applies: asked for, prompts repeat, no checkpointing
+    (HF turns the key/value cache off under gradient checkpointing), not sharded."""
+    if not enabled or getattr(model, "is_gradient_checkpointing", False):
+        return False
+    # Sharded (FSDP2): one forward per micro-batch, so that ranks with fewer micro-batches can
+    # match the others' all-gathers with one zero-weight pass each (trainer/dist/collectives.py).
+    if distributed.is_sharded(model):
+        return False
+    return len({tuple(p) for p in prompt_ids}) < len(prompt_ids)
+
+
+def attention_window(model) -> int | None:
+    """The narrowest local attention span (sliding window, attention chunk) any layer of
+    `model` uses, or None when every layer attends to the whole sequence."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    types = getattr(cfg, "layer_types", None)
+    if types is not None and not any(t in ("sliding_attention", "chunked_attention") for t in types):
+        return None
+    spans = [s for s in (getattr(cfg, "sliding_window", None), getattr(cfg, "attention_chunk_size", None)) if s]
+    return min(spans) if spans else None
+
+
+def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int,
+                         window: int | None = None) -> list[list[int]]:
+    """Sample indices in chunks for the shared-prefix forward, each computing at most
+    `max_tokens` tokens: distinct prompts x their longest + samples x the longest response.
+
+    Longest prompts first (similar lengths share a chunk), and within a group the longest
+    responses first (little response padding). A group over the budget is split; each part
+    runs its prompt once. A single sample over the budget gets a chunk of its own.
+
+    `window` (a sliding-window or chunked-attention model, `attention_window`): the window
+    counts cache slots, and a prompt shorter than the chunk's longest is followed by padding
+    slots before its responses, which would push its own tokens out of their window. So a
+    chunk holds prompts of one length only, unless its longest prompt plus longest response
+    fits in the window (then nothing can fall out of it).
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(prompt_ids):
+        groups.setdefault(tuple(p), []).append(i)
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    seen: set[tuple] = set()
+    pmax = rmax = 0
+    for key, members in sorted(groups.items(), key=lambda kv: -len(kv[0])):
+        for i in sorted(members, key=lambda i: -len(response_ids[i])):
+            p2, r2 = max(pmax, len(key)), max(rmax, len(response_ids[i]))
+            fits = (len(seen) + (key not in seen)) * p2 + (len(cur) + 1) * r2 <= max_tokens
+            local_ok = window is None or len(key) == pmax or p2 + r2 <= window
+            if cur and not (fits and local_ok):
+                chunks.append(cur)
+                cur, seen, p2, r2 = [], set(), len(key), len(response_ids[i])
+            cur.append(i)
+            seen.add(key)
+            pmax, rmax = p2, r2
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int], temperature: float,
+                          compute_dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
+    """[b, R, V] float32 logits / temperature predicting each response token, plus the batch's
+    targets / mask / rlens: one prompt pass per distinct prompt, one response pass."""
+    device = next(model.parameters()).device
+    slots: dict[tuple, int] = {}
+    group = torch.tensor([slots.setdefault(tuple(prompt_ids[i]), len(slots)) for i in idx])
+    prompts = [torch.tensor(k, dtype=torch.long) for k in slots]
+    plens = torch.tensor([len(p) for p in prompts])
+    if int(plens.min()) == 0:
+        raise ValueError("empty prompt: the first response token would have no predicting position")
+    G, P = len(prompts), int(plens.max())
+    pmask = (torch.arange(P).unsqueeze(0) < plens.unsqueeze(1)).long()
+    # Only each prompt's last position is projected to the vocabulary (it predicts token 0).
+    keep = torch.unique(plens - 1)
+    col = torch.searchsorted(keep, plens - 1)
+    rlens = torch.tensor([len(response_ids[i]) for i in idx])
+    R = int(rlens.max())
+    resp = pad_sequence([torch.tensor(response_ids[i], dtype=torch.long) for i in idx], batch_first=True)
+    resp = resp.reshape(len(idx), R)
+    mask = torch.arange(R).unsqueeze(0) < rlens.unsqueeze(1)
+    batch = {"targets": torch.where(mask, resp, 0).to(device), "mask": mask.to(device), "rlens": rlens.tolist()}
+    with autocast(device, compute_dtype):
+        out = model(input_ids=pad_sequence(prompts, batch_first=True).to(device),
+                    attention_mask=pmask.to(device), position_ids=torch.arange(P).expand(G, P).to(device),
+                    logits_to_keep=keep.to(device), use_cache=True)
+        parts = [out.logits[group.to(device), col[group].to(device)].unsqueeze(1)]
+        if R > 1:
+            cache = out.past_key_values
+            cache.batch_select_indices(group.to(device))  # [G, ...] -> [b, ...]; grads sum back
+            # Response inputs 0 .. R-2 predict tokens 1 .. R-1; padded inputs only feed padded
+            # outputs (causal), so their mask can stay 1.
+            attn = torch.cat([pmask[group], torch.ones(len(idx), R - 1, dtype=torch.long)], 1)
+            pos = plens[group].unsqueeze(1) + torch.arange(R - 1).unsqueeze(0)
+            out2 = model(input_ids=resp[:, :R - 1].to(device), attention_mask=attn.to(device),
+                         position_ids=pos.to(device), past_key_values=cache, use_cache=True)
+            parts.append(out2.logits)
+    logits = torch.cat(parts, 1)[:, :R]
+    return logits.float() / temperature, batch
+
+
+def _chunks(model, prompt_ids, response_ids, max_tokens: int, shared: bool) -> tuple[list[list[int]], bool]:
+    """The micro-batches and whether they run through the shared-prefix forward."""
+    if uses_shared_prefix(model, prompt_ids, shared):
+        return prefix_micro_batches(prompt_ids, response_ids, max_tokens, attention_window(model)), True
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    return micro_batches(lengths, max_tokens), False
+
+
+def _logits(model, prompt_ids, response_ids, idx: list[int], temperature: float,
+            compute_dtype: torch.dtype, shared: bool) -> tuple[torch.Tensor, dict]:
+    """Response logits and the batch (targets, mask, rlens) by either forward."""
+    if shared:
+        return _shared_prefix_logits(model, prompt_ids, response_ids, idx, temperature, compute_dtype)
+    batch = _pack(prompt_ids, response_ids, idx, next(model.parameters()).device)
+    return _response_logits(model, batch, temperature, compute_dtype), batch
+
+
+def _token_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] without materialising the full log-softmax."""
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def _pad_rows(rows, idx: list[int], device) -> torch.Tensor:
+    """[b, R] float32 right-padded (with 0) from per-sample 1-D tensors or lists."""
+    ts = [torch.as_tensor(rows[i], dtype=torch.float32) for i in idx]
+    return pad_sequence(ts, batch_first=True, padding_value=0.0).to(device)
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+@torch.no_grad()
+def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_tokens: int,
+                      with_entropy: bool = False, compute_dtype: torch.dtype = torch.float32,
+                      shared_prefix: bool = True):
+    """Per-sample 1-D float32 CPU tensors of log pi(response token | prefix) at `temperature`.
+
+    With `with_entropy`, returns (logprobs, entropies), entropies per response token.
+    Results are in the order of the inputs, whatever the micro-batching.
+    """
+    logps: list[torch.Tensor] = [None] * len(prompt_ids)  # type: ignore[list-item]
+    ents: list[torch.Tensor] = [None] * len(prompt_ids)  # type: ignore[list-item]
+    chunks, shared = _chunks(model, prompt_ids, response_ids, max_tokens, shared_prefix)
+    pad = distributed.pad_count(model, len(chunks))  # before any forward: it is a collective too
+    for chunk in chunks:
+        logits, batch = _logits(model, prompt_ids, response_ids, chunk, temperature, compute_dtype, shared)
+        lp = _token_logp(logits, batch["targets"]).cpu()
+        ent = entropy_from_logits(logits).cpu() if with_entropy else None
+        for row, (i, n) in enumerate(zip(chunk, batch["rlens"])):
+            logps[i] = lp[row, :n].clone()
+            if with_entropy:
+                ents[i] = ent[row, :n].clone()
+    for _ in range(pad):  # FSDP: the same number of forwards on every rank
+        distributed.dummy_pass(model, backward=False)
+    return (logps, ents) if with_entropy else logps
+
+
+# ----------------------------------------------------------------------------- update
+
+
+def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
+                cfg: UpdateConfig, n_tokens: int, shared: bool) -> dict[str, float]:
+    """Forward + backward of one micro-batch; returns its token SUMS for the statistics.
+
+    `old_logp` None: the policy has not moved since the rollouts' log-probs would have been
+    taken (the first and only mini-batch), so old = current, detached: the ratio is 1 with
+    the gradient of the ratio, without a separate no-grad pass over the batch.
+    """
+    device = next(model.parameters()).device
+    logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.temperature,
+                            cfg.compute_dtype, shared)
+    mask = batch["mask"]
+    logp = _token_logp(logits, batch["targets"])
+    old = logp.detach() if old_logp is None else _pad_rows(old_logp, idx, device)
+    engine = _pad_rows(mb.engine_logprobs, idx, device)
+    adv = mb.advantages[idx].to(device)
+
+    weights, truncated = is_weights(old, engine, cfg.is_band)
+    pg, clip_low, clip_high = ppo_clip_terms(logp, old, adv, cfg.clip_low, cfg.clip_high)
+    per_token = weights * pg
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None:
+        kl = cfg.kl_fn(logp, _pad_rows(ref_logp, idx, device))
+        per_token = per_token + cfg.kl_coef * kl
+    loss = token_sum(per_token, mask) / max(n_tokens, 1)
+    loss.backward()
+
+    with torch.no_grad():
+        return {
+            "loss": loss.item(),
+            "pg_clipfrac_low": token_sum(clip_low.float(), mask).item(),
+            "pg_clipfrac_high": token_sum(clip_high.float(), mask).item(),
+            "kl": token_sum(kl.detach(), mask).item(),
+            "entropy": token_sum(entropy_from_logits(logits.detach()), mask).item(),
+            "is_ratio_mean": token_sum(is_ratio(old, engine), mask).item(),
+            "is_truncated_frac": token_sum(truncated.float(), mask).item(),
+        }
+
+
+STAT_KEYS = ("loss", "pg_clipfrac_low", "pg_clipfrac_high", "kl", "entropy", "is_ratio_mean",
+             "is_truncated_frac")
+
+
+def _clip_grad_norm(params: list, max_norm: float | None) -> float:
+    """Global grad norm before clipping; clips to `max_norm` (None: no clipping). Sharded
+    (DTensor) gradients: the norm is reduced over ranks first, as torchtitan does."""
+    if not params:
+        return 0.0
+    total = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    if max_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return float(total)
+
+
+def _grad_params(model, optimizer) -> list:
+    """The tensors whose `.grad` hold the mini-batch's gradient: the model's parameters, or an
+    optimizer's own float32 copies where it sums micro-batches there (trainer/optim/offload.py)."""
+    own = getattr(optimizer, "grad_params", None)
+    return own() if own is not None else [p for p in model.parameters() if p.grad is not None]
+
+
+def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
+               cfg: UpdateConfig, max_tokens: int) -> dict[str, float]:
+    """One PPO optimizer step on a mini-batch, micro-batched; returns the step's statistics.
+
+    Loss per valid token = is_weight * clipped-PPO term + kl_coef * KL estimator (the KL
+    term is not IS-weighted and is skipped when `ref_logp` is None), summed over the
+    mini-batch and divided by its total valid tokens. Tokens dropped by IS truncation stay
+    in that denominator (they count as seen, with zero policy-gradient weight).
+    All statistics are token-weighted means over the mini-batch, except `loss` (the
+    mini-batch loss itself) and `grad_norm` (the global norm before clipping).
+
+    `old_logp` None means old = current (detached): only right for the first mini-batch of
+    a step, before any optimizer step (`trainer.step.update` passes None when there is one).
+
+    A mini-batch whose loss or gradient norm is not finite is not applied (the weights and the
+    optimizer state stay as they were); `skipped` = 1 says so and the caller counts them.
+    """
+    if minibatch.advantages is None:
+        raise ValueError("minibatch.advantages is None: compute advantages before the update")
+    # On many ranks the mini-batch is the union of every rank's share: its token count (the
+    # loss denominator) and the statistics are sums over ranks (trainer/dist/collectives.py).
+    n_tokens = int(distributed.all_sum_floats([sum(len(r) for r in minibatch.response_ids)])[0])
+    totals = dict.fromkeys(STAT_KEYS, 0.0)
+    chunks, shared = _chunks(model, minibatch.prompt_ids, minibatch.response_ids, max_tokens, cfg.shared_prefix)
+    pad = distributed.pad_count(model, len(chunks))  # before any forward: it is a collective too
+    for chunk in chunks:
+        for k, v in _micro_step(model, minibatch, chunk, old_logp, ref_logp, cfg, n_tokens, shared).items():
+            totals[k] += v
+    for _ in range(pad):
+        distributed.dummy_pass(model, backward=True)
+    if distributed.active():
+        totals = dict(zip(STAT_KEYS, distributed.all_sum_floats([totals[k] for k in STAT_KEYS])))
+
+    grad_norm = _clip_grad_norm(_grad_params(model, optimizer), cfg.grad_clip)
+    finite = math.isfinite(totals["loss"]) and math.isfinite(grad_norm)
+    if finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+    denom = max(n_tokens, 1)
+    stats = {k: (v if k == "loss" else v / denom) for k, v in totals.items()}
+    stats["grad_norm"] = grad_norm
+    stats["skipped"] = 0.0 if finite else 1.0
+    stats["n_tokens"] = n_tokens
+    return stats

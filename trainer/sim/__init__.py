@@ -1,0 +1,1 @@
+"""The paper's token-level theory and simulation (no language model)."""
