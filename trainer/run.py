@@ -144,7 +144,7 @@ def prepare_tiny_model(spec: JobSpec, dataset_path: Path | None, stop_check: Cal
     where a cancel reaches it, before many ranks, or a test's runs, find it there."""
     if spec.model.path != TINY_MODEL:
         return
-    task = build_task(spec.task, spec.seed, dataset_path)
+    task = build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
     scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
     try:
         _tiny_model_dir(spec, task, scorer, stop_check, **build)
@@ -165,7 +165,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     torch.manual_seed(spec.seed)
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
     device = resolve_device()
-    task = build_task(spec.task, spec.seed, dataset_path)
+    task = build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
     scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
     try:
         model_dir = _tiny_model_dir(spec, task, scorer, stop_check) if spec.model.path == TINY_MODEL else Path(spec.model.path)

@@ -51,6 +51,40 @@ class FieldError(ValueError):
         self.message = message
 
 
+def text_problem(text: str) -> str | None:
+    """Why a database could not store `text`, or None: PostgreSQL refuses NUL in text and
+    JSONB, and no database stores a lone surrogate (it has no UTF-8 encoding)."""
+    if "\x00" in text:
+        return "must not contain NUL (\\u0000) characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode (it holds a lone surrogate)"
+    return None
+
+
+def _first_bad_text(value: Any, path: str, depth: int = 0) -> tuple[str, str] | None:
+    """(dotted path, problem) of the first string in raw input a database would refuse."""
+    if isinstance(value, str):
+        problem = text_problem(value)
+        return (path, problem) if problem else None
+    if depth > 32:
+        return None
+    items: Any = ()
+    if isinstance(value, dict):
+        for key in value:
+            if isinstance(key, str) and text_problem(key):
+                return path or "(body)", f"a key {text_problem(key)}"
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    for key, item in items:
+        found = _first_bad_text(item, f"{path}.{key}" if path else str(key), depth + 1)
+        if found:
+            return found
+    return None
+
+
 # --------------------------------------------------------------------------- model
 
 TINY_MODEL = "builtin:tiny"
@@ -123,15 +157,14 @@ class ReasoningGymTask(_Frozen):
 
     @model_validator(mode="after")
     def _config_is_valid(self) -> "ReasoningGymTask":
-        from reasoning_gym.factory import DATASETS
+        # Bounds on every field (trainer.tasks.config_limits says which and why), then
+        # reasoning-gym's own checks; any exception there is a problem with the config.
+        from trainer.tasks.config_limits import ConfigProblem, check_config
 
-        _, config_cls = DATASETS[self.name]
         try:
-            cfg = config_cls(**self.config)
-            if hasattr(cfg, "validate"):
-                cfg.validate()
-        except (TypeError, ValueError, AssertionError) as exc:
-            raise FieldError("task.reasoning_gym.config", f"invalid for {self.name}: {exc}") from None
+            check_config(self.name, self.config)
+        except ConfigProblem as exc:
+            raise FieldError(exc.field, exc.message) from None
         return self
 
 
@@ -453,6 +486,16 @@ class JobSpec(_Frozen):
                                      "(ranks) the job runs on.")
     samples: SamplesSpec = Field(default_factory=SamplesSpec, description="Rollouts stored for reading "
                                  "(the job's samples table).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        # The spec is stored as it came (JSONB on PostgreSQL): one NUL anywhere, in a name or
+        # deep in a task config, would fail the insert with a 500 instead of a 422 here.
+        found = _first_bad_text(data, "")
+        if found is not None:
+            raise FieldError(*found)
+        return data
 
     @model_validator(mode="after")
     def _ranks_use_plain_adamw(self) -> "JobSpec":

@@ -79,9 +79,10 @@ def readyz(request: Request, settings: SettingsDep) -> Response:
 @router.get("/metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 def metrics(request: Request, settings: SettingsDep) -> Response:
-    """Prometheus exposition: requests and latencies; `brorl_jobs{status}` (all tenants'
-    job counts) only with `Authorization: Bearer <BRORL_METRICS_TOKEN>`."""
-    data = generate_latest(request.app.state.metrics.registry)
+    """Prometheus exposition: responses by status class; per-route requests and latencies
+    and `brorl_jobs{status}` (every tenant's activity) only with
+    `Authorization: Bearer <BRORL_METRICS_TOKEN>`."""
+    data = generate_latest(request.app.state.metrics.public)
     token = settings.metrics_token
     sent = request.headers.get("authorization", "")
     if token and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):

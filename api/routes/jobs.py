@@ -1,7 +1,8 @@
 """Jobs: create (with Idempotency-Key), list, show, cancel.
 
 Creating a job is: validate the spec (FastAPI does it against `JobSpec`; the dataset's owner
-and the GPU count are checked here), insert the row, COMMIT, and only then enqueue the id by
+and the GPU count are checked here, and a reasoning-gym config must build a few examples within
+the limits of `api.task_probe`), insert the row, COMMIT, and only then enqueue the id by
 task name on the queue of its GPU count. The
 order matters: a worker that got the message before the commit would find no job. If the
 broker is down the enqueue fails after the commit; the job then stays queued, the request
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
 from store import datasets, jobs
@@ -57,11 +58,12 @@ def job_or_404(session: Session, tenant_id: int, job_id: str) -> Job:
                409: {"description": "Idempotency-Key reused with a different body."}},
 )
 def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
-               enqueue: EnqueueDep, response: Response,
+               enqueue: EnqueueDep, request: Request, response: Response,
                idempotency_key: IdempotencyKey = None) -> JobPublic:
     """Submit a training job; 201 with the queued job."""
     if (problem := model_path_problem(spec.model.path, settings)) is not None:
         raise field_error("model.path", problem)  # the worker checks the same rule again
+    request.app.state.task_probe.check(spec)
     gpus = spec.resources.gpus_per_node
     if gpus not in settings.gpu_counts:
         # Each GPU count has its own queue; a count no worker serves would wait there for ever.

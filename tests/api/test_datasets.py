@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 from store.artifacts import dataset_path
@@ -102,3 +103,34 @@ def test_other_tenants_dataset_is_404(client, auth, other_auth):
     assert_error(client.get(f"/v1/datasets/{ds['id']}", headers=other_auth), 404, "not_found")
     assert_error(client.get("/v1/datasets/ds_unknown", headers=auth), 404, "not_found")
     assert client.get("/v1/datasets", headers=other_auth).json()["data"] == []
+
+
+def test_concurrent_uploads_are_capped_per_tenant(settings, enqueued, key, other_key):
+    # One tenant's parallel uploads share the API's cores with everyone: at most
+    # `max_concurrent_uploads_per_tenant` at a time, the next is a 429 at once.
+    import httpx
+
+    from api.app import create_app
+    from tests.api.live import serve, stalled_upload
+
+    app = create_app(settings.model_copy(update={"max_concurrent_uploads_per_tenant": 2}),
+                     enqueue=enqueued)
+    with serve(app) as url:
+        socks = [stalled_upload(url, key) for _ in range(2)]
+        try:
+            time.sleep(0.5)
+            files = {"file": ("d.jsonl", _jsonl(2))}
+            resp = httpx.post(f"{url}/v1/datasets", headers={"Authorization": f"Bearer {key}"},
+                              files=files, timeout=10)
+            err = assert_error(resp, 429, "quota_exceeded")
+            assert "at most 2 uploads in progress per tenant" in err["message"]
+            other = httpx.post(f"{url}/v1/datasets", files=files, timeout=10,
+                               headers={"Authorization": f"Bearer {other_key}"})
+            assert other.status_code == 201, other.text  # another tenant is not affected
+        finally:
+            for sock in socks:
+                sock.close()
+        time.sleep(0.5)  # the slots free up when the uploads end
+        resp = httpx.post(f"{url}/v1/datasets", headers={"Authorization": f"Bearer {key}"},
+                          files={"file": ("d.jsonl", _jsonl(2))}, timeout=10)
+        assert resp.status_code == 201, resp.text

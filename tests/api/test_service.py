@@ -46,7 +46,12 @@ def test_prometheus_metrics(app, client, auth):
     client.get(f"/v1/jobs/{job}", headers=auth)
     client.get("/v1/jobs/job_nope", headers=auth)
     client.get("/no/such/path")
-    text = client.get("/metrics").text
+    # Without the operator's token: totals by status class, nothing per route or per job.
+    public = client.get("/metrics", headers=auth).text
+    assert 'brorl_http_responses_total{class="2xx"}' in public
+    assert "route=" not in public and "brorl_jobs" not in public
+    app.state.settings.metrics_token = "ops-secret"
+    text = client.get("/metrics", headers={"Authorization": "Bearer ops-secret"}).text
     assert ('brorl_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1.0'
             in text)
     assert ('brorl_http_requests_total{method="GET",route="/v1/jobs/{job_id}",status="200"} 1.0'
@@ -54,11 +59,6 @@ def test_prometheus_metrics(app, client, auth):
     assert 'route="/v1/jobs/{job_id}",status="404"' in text  # templates, not raw ids
     assert 'route="<unmatched>",status="404"' in text and "job_nope" not in text
     assert "brorl_http_request_duration_seconds_bucket" in text
-    # Every tenant's job counts: only for the operator's token.
-    assert "brorl_jobs" not in text
-    assert "brorl_jobs" not in client.get("/metrics", headers=auth).text
-    app.state.settings.metrics_token = "ops-secret"
-    text = client.get("/metrics", headers={"Authorization": "Bearer ops-secret"}).text
     assert 'brorl_jobs{status="queued"} 1.0' in text
     assert 'brorl_jobs{status="succeeded"} 0.0' in text
 
