@@ -137,3 +137,20 @@ def probe(spec: ProbeSpec, base: JobSpec, should_stop: Callable[[], bool], *, mo
     if result["prompts"] < spec.prompts:
         result["note"] = f"the eval split has {result['prompts']} prompts; {spec.prompts} were asked for"
     return result
+
+
+def probe_policy(ctx: EvalContext, spec: JobSpec, n: int, prompts: int, at_n: int,
+                 check: Callable[[], None], seed: int) -> dict:
+    """Mid-training probe (`rollout.broaden.trigger: probe`): the running policy's engine, `n`
+    samples on the first `prompts` eval prompts at the rollout's sampling, summarised for the
+    decision: the share of prompts all-wrong at the stage's `at_n` yet solved within `n`."""
+    from trainer.algo.probe_stats import decision_figures
+
+    pspec = ProbeSpec(model=spec.model, task=spec.task, n=n, prompts=prompts, seed=seed,
+                      max_new_tokens=spec.rollout.max_new_tokens, temperature=spec.rollout.temperature,
+                      top_p=spec.rollout.top_p)
+    sub = EvalContext(ctx.engine, ctx.tokenizer, ctx.scorer, ctx.examples[:prompts], ctx.prompt_ids[:prompts])
+    t0 = time.perf_counter()
+    tally = sample_counts(sub, pspec, check)
+    return {**decision_figures(tally.correct, n, at_n), "truncated_frac": tally.truncated / max(tally.samples, 1),
+            "seconds": time.perf_counter() - t0}

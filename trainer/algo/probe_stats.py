@@ -70,6 +70,14 @@ def unsampled_mass(counts: Sequence[int], n: int, big_n: int) -> float:
     return sum((c / n) * (1.0 - c / n) ** big_n for c in counts) / len(counts)
 
 
+def decision_figures(counts: Sequence[int], n: int, at_n: int) -> dict:
+    """What a mid-training probe reports (rollout.broaden trigger probe): pass@1, pass@at_n,
+    pass@n and the share all-wrong at the stage's `at_n` yet solved within n."""
+    mean = lambda k: sum(pass_at_k(n, c, k) for c in counts) / max(len(counts), 1)  # noqa: E731
+    return {"n": n, "prompts": len(counts), "at_n": at_n, "pass@1": mean(1), f"pass@{at_n}": mean(at_n),
+            f"pass@{n}": mean(n), "solvable_all_wrong": solvable_all_wrong(counts, n, at_n)}
+
+
 def figures(counts: Sequence[int], n: int, rewards: Sequence[float], *, seed: int = 0) -> dict:
     """The probe's result without the run's timings: per-prompt rows, the curve, the shares."""
     counts = [int(c) for c in counts]
