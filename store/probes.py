@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from store import jobs
 from store.models import Job, JobKind
 from trainer.probe_spec import CheckpointRef, ProbeSpec, base_job_spec
-from trainer.spec import FieldError, JobSpec
+from trainer.spec import FieldError, JobSpec, spec_errors
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,12 @@ def resolve(s: Session, tenant_id: int, probe: ProbeSpec) -> Resolved:
     spec["rollout"].update({"max_new_tokens": probe.max_new_tokens, "temperature": probe.temperature,
                             "top_p": probe.top_p, "engine": probe.engine})
     spec["seed"] = probe.seed
-    base = JobSpec.model_validate(spec)
+    try:
+        base = JobSpec.model_validate(spec)
+    except ValidationError as exc:  # the probe's sampling does not suit the job's model
+        err = spec_errors(exc)[0]
+        field = err["field"].removeprefix("rollout.")
+        raise FieldError(field if field in ProbeSpec.model_fields else "model.job", err["message"]) from None
     filled = probe.model_copy(update={"task": base.task})
     return Resolved(filled, base, Path(ckpt.uri.removeprefix("file://")))
 

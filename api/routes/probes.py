@@ -37,6 +37,7 @@ class ProbeSummary(JobSummary):
     object: Literal["probe"] = "probe"  # type: ignore[assignment]
     step: int = Field(description="Samples generated so far.")
     total_steps: int = Field(description="Samples to generate: n x prompts.")
+    model: dict[str, Any] | None = Field(None, description="The probe's model: {path} or {job, step}.")
 
 
 class ProbePublic(ProbeSummary):
@@ -44,6 +45,10 @@ class ProbePublic(ProbeSummary):
     result: dict[str, Any] | None = Field(
         None, description="Once succeeded: per_prompt, pass_at_k (with its band), solvable_all_wrong, "
                           "timings and the recommendation (docs/probe.md).")
+
+
+def _public(model: type[ProbeSummary], row: Job) -> ProbeSummary:
+    return model.model_validate(row).model_copy(update={"model": (row.spec or {}).get("model")})
 
 
 def probe_or_404(session: Session, tenant_id: int, probe_id: str) -> Job:
@@ -74,7 +79,7 @@ def create_probe(spec: ProbeSpec, session: SessionDep, settings: SettingsDep, te
         session.rollback()
         raise over_quota
     session.commit()
-    public = ProbePublic.model_validate(row)
+    public = _public(ProbePublic, row)
     if not created:
         response.status_code = status.HTTP_200_OK
         return public
@@ -94,12 +99,12 @@ def list_probes(session: SessionDep, tenant: TenantDep,
     """The caller's probes, newest first, without spec and result."""
     rows, has_more = jobs.list_jobs(session, tenant.id, limit=limit, after=after, status=status_,
                                     kind=JobKind.probe)
-    return ListPublic[ProbeSummary](data=[ProbeSummary.model_validate(r) for r in rows], has_more=has_more)
+    return ListPublic[ProbeSummary](data=[_public(ProbeSummary, r) for r in rows], has_more=has_more)
 
 
 @router.get("/{probe_id}", response_model=ProbePublic)
 def get_probe(probe_id: str, session: SessionDep, tenant: TenantDep) -> ProbePublic:
-    return ProbePublic.model_validate(probe_or_404(session, tenant.id, probe_id))
+    return _public(ProbePublic, probe_or_404(session, tenant.id, probe_id))
 
 
 @router.post("/{probe_id}/cancel", response_model=ProbePublic)
@@ -107,7 +112,7 @@ def cancel_probe(probe_id: str, session: SessionDep, tenant: TenantDep) -> Probe
     """Queued: cancelled at once. Running: stops after its current generation chunk."""
     row = jobs.request_cancel(session, tenant.id, probe_id, JobKind.probe)
     session.commit()
-    return ProbePublic.model_validate(row)
+    return _public(ProbePublic, row)
 
 
 @router.get("/{probe_id}/events", response_model=ListPublic[EventPublic])

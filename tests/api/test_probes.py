@@ -27,6 +27,7 @@ def test_create_list_show_cancel(client, auth, enqueued):
     assert enqueued == [probe["id"]] and enqueued.queues[probe["id"]] == "gpu"
     listed = client.get("/v1/probes", headers=auth).json()
     assert [p["id"] for p in listed["data"]] == [probe["id"]]
+    assert listed["data"][0]["model"]["path"] == "builtin:tiny" and "result" not in listed["data"][0]
     assert client.get("/v1/jobs", headers=auth).json()["data"] == []  # probes are not jobs
     assert client.get(f"/v1/probes/{probe['id']}", headers=auth).json()["status"] == "queued"
     cancelled = client.post(f"/v1/probes/{probe['id']}/cancel", headers=auth)
@@ -77,6 +78,9 @@ def test_probe_of_a_checkpoint_takes_the_jobs_task(client, auth, other_auth, dat
     assert resp.status_code == 201, resp.text
     spec = resp.json()["spec"]
     assert spec["model"] == {"job": job["id"], "step": 2} and spec["task"] == job["spec"]["task"]
+    # builtin:tiny's answers need 24 tokens: the job's model makes a shorter probe a 422 too.
+    assert_error(client.post("/v1/probes", json={"model": {"job": job["id"]}, "max_new_tokens": 8},
+                             headers=auth), 422, field="max_new_tokens")
     # Another tenant cannot point a probe at it.
     assert_error(client.post("/v1/probes", json={"model": {"job": job["id"], "step": 2}}, headers=other_auth),
                  422, field="model.job")
