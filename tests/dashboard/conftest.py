@@ -51,7 +51,7 @@ def prebuild_tiny_model(spec: dict) -> None:
     numbers that move, not a good model. The key is the trainer's own (task and seed), and
     the seed is one no other test uses, so no test gets this weaker model by accident."""
     from trainer import run as run_build
-    from trainer.models.loading import tiny as tiny_model
+    from trainer.models import tiny as tiny_model
     from trainer.stop import never
     from trainer.spec import JobSpec
     from trainer.tasks import build_task
