@@ -50,3 +50,19 @@ def test_stop_reaches_the_probe_between_chunks(spec):
     with pytest.raises(StopRequested):
         probe(spec, base_job_spec(spec), lambda: len(seen) >= 1, on_progress=seen.append)
     assert len(seen) == 1  # stopped after the first chunk, not at the end
+
+
+def test_mid_training_probe_reads_the_running_engine(spec):
+    """`rollout.broaden.trigger: probe`'s probe: the run's own engine and scorer, the rollout's
+    sampling, summarised for the decision at the stage's n."""
+    from trainer.evaluate import opened
+    from trainer.probe import probe_policy
+    from trainer.stop import never
+
+    base = base_job_spec(spec)
+    with opened(base, prompts=4, max_num_seqs=64) as ctx:
+        fig = probe_policy(ctx, base, n=64, prompts=3, at_n=16, check=never, seed=5)
+    assert fig["n"] == 64 and fig["prompts"] == 3 and fig["at_n"] == 16
+    assert 0 <= fig["pass@1"] <= fig["pass@16"] <= fig["pass@64"] <= 1
+    assert fig["solvable_all_wrong"] == pytest.approx(fig["pass@64"] - fig["pass@16"])
+    assert fig["seconds"] > 0 and 0 <= fig["truncated_frac"] <= 1
