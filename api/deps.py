@@ -8,7 +8,7 @@ so that two apps with different settings (tests) can live in one process.
 Connections are held only while a route's own code runs: the key is checked in a short
 session of its own (closed before a body is read or a file streamed), and the route's
 session is closed when the route function returns, before the response is sent
-(`scope="function"`). A slow client can then not hold database connections (issue 9, item 1).
+(`scope="function"`). A slow client can then not hold database connections.
 A valid key is remembered for `settings.auth_cache_seconds` (default 5 s) to save a query per
 request, so a revoked key stops working within that time.
 """

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from store import datasets
-from store.job_queries import count_active_jobs
+from store.jobs import count_active_jobs
 from store.settings import Settings
 
 from api.errors import ApiError

@@ -114,6 +114,23 @@ class MetricPublic(_Public):
     created_at: datetime
 
 
+class SamplePublic(_Public):
+    """One stored rollout of a step (`samples.per_step`): what the model wrote and how it scored."""
+
+    id: int = Field(description="Pass the last one seen as `after` for the next page.")
+    object: Literal["job.sample"] = "job.sample"
+    step: int
+    idx: int = Field(description="Its place among the step's stored samples (highest rewards first).")
+    prompt: str
+    completion: str
+    reward: float
+    correct: bool
+    truncated: bool = Field(description="Cut at rollout.max_new_tokens before it finished.")
+    advantage: float
+    sub_rewards: dict[str, float] = Field(default_factory=dict)
+    created_at: datetime
+
+
 class CheckpointPublic(_Public):
     object: Literal["job.checkpoint"] = "job.checkpoint"
     job_id: str

@@ -30,18 +30,19 @@ PAGE_HEADERS = {"Content-Security-Policy": CSP, "Referrer-Policy": "no-referrer"
                 "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
 
 
-# url -> (page name: pages/<name>.html is its body and <name>.js its script, title)
-PAGES = {"/": ("index", "Jobs", "list.js"), "/jobs/{job_id}": ("job", "Job", "job.js"),
-         "/compare": ("compare", "Compare", "compare.js"), "/submit": ("submit", "Submit", "submit.js"),
-         "/probes/{probe_id}": ("probe", "Probe", "probe.js")}
+# url -> (page name: pages/<name>.html is its body, title, its scripts after the shared ones)
+PAGES = {"/": ("index", "Jobs", ("list.js",)), "/jobs/{job_id}": ("job", "Job", ("samples.js", "job.js")),
+         "/compare": ("compare", "Compare", ("compare.js",)), "/submit": ("submit", "Submit", ("submit.js",)),
+         "/probes/{probe_id}": ("probe", "Probe", ("probe.js",))}
 
 
-def render_page(name: str, title: str, script: str) -> str:
+def render_page(name: str, title: str, scripts: tuple[str, ...]) -> str:
     """One page: the shared shell (head, navigation, key form, scripts) around its body."""
     shell = Template((DASHBOARD_DIR / "shell.html").read_text())
     nav = {f"nav_{n}": 'aria-current="page"' if n == name else "" for n in ("index", "compare", "submit")}
     body = (DASHBOARD_DIR / "pages" / f"{name}.html").read_text()
-    return shell.substitute(title=title, body=body, script=script, **nav)
+    tags = "".join(f'  <script src="{STATIC_PREFIX}/{s}"></script>\n' for s in scripts)
+    return shell.substitute(title=title, body=body, scripts=tags, **nav)
 
 
 def _page(html: str, name: str):
@@ -54,8 +55,8 @@ def _page(html: str, name: str):
 
 def install_dashboard(app: FastAPI) -> None:
     """Mount the dashboard pages and their static files on `app` (not in the OpenAPI schema)."""
-    for url, (name, title, script) in PAGES.items():
+    for url, (name, title, scripts) in PAGES.items():
         # Rendered once per app: the files ship with the package and do not change under it.
-        app.add_api_route(url, _page(render_page(name, title, script), name), methods=["GET"],
+        app.add_api_route(url, _page(render_page(name, title, scripts), name), methods=["GET"],
                           include_in_schema=False)
     app.mount(STATIC_PREFIX, StaticFiles(directory=DASHBOARD_DIR), name="dashboard-static")

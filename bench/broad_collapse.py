@@ -1,4 +1,4 @@
-"""Why a broad stage after a narrow one lost held-out pass@1 (issue 12, item 0).
+"""Why a broad stage after a narrow one lost held-out pass@1 (docs/results.md, section 6a).
 
 The issue's spec: builtin:tiny on the demo's task, N = 16 x 16 prompts for 40 steps, then
 N = 128 x 4 prompts for 20 steps, lr 1e-4 (sqrt rule), 4 PPO mini-batches. Here the narrow stage

@@ -1,4 +1,4 @@
-"""When does broadening pay? (issue 12, items 1-2): the measured regime and the theory map.
+"""When does broadening pay? The measured regime and the theory map (docs/results.md, 6b-6c).
 
     .venv/bin/python bench/broadening.py theory     # token-level simulation map, ~1-3 min
     .venv/bin/python bench/broadening.py measure --difficulty hard [--seeds 0,1,2] [--budget 16384] [--evals 4]

@@ -1,4 +1,4 @@
-"""One-command check of the trainer at real scale on one GPU (issue 8): a few PPO steps of a
+"""One-command check of the trainer at real scale on one GPU: a few PPO steps of a
 ~0.5 B Qwen2-architecture model, bf16 compute over float32 master weights, the HF engine.
 
     python bench/gpu_check.py                 # CUDA: ~0.5 B model (Qwen2-0.5B's shape), < 8 min
@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.run import make_optimizer  # noqa: E402
+from trainer.optim.optimizer import make_optimizer  # noqa: E402
 from trainer.engines.hf_engine import HFEngine  # noqa: E402
 from trainer.models.loading import disable_dropout  # noqa: E402
 from trainer.optim.update import (UpdateConfig, auto_micro_batch_tokens, ppo_update,  # noqa: E402

@@ -1,4 +1,4 @@
-"""Load and slow-client benchmark of the API (issue 9, "Hostile input and load").
+"""Load and slow-client benchmark of the API (docs/hardening.md, "Load").
 
     python bench/load.py [--clients 100] [--rate 200] [--streams 10] [--attack 32] [--seconds 20]
                          [--client aiohttp|httpx] [--workers 2]
@@ -10,7 +10,7 @@ the same time:
   `GET /v1/jobs/{id}/metrics?after_step=` open-loop so that together they offer `--rate`
   requests/s (a request is sent on schedule even if the previous one has not answered);
 - `--streams` followers of `/metrics/stream`;
-- the slow-client attack of issue 9 item 1: another tenant opens `--attack` uploads that send
+- a slow-client attack: another tenant opens `--attack` uploads that send
   their headers and then stall (4 keys, so the per-key cap alone does not stop them).
 It prints and writes (bench/out/load.json) requests/s answered, p50/p99 latency, every
 non-200 answer of the victims, the 1-minute load average before and after, and the CPU ms per

@@ -1,4 +1,4 @@
-"""A small-scale replication of BroRL's central experiment (issue 4, item 4) on CPU.
+"""A small-scale replication of BroRL's central experiment on CPU (docs/results.md, section 4).
 
 (a) From the base spec (positional argument, default examples/demo.yaml: its task, model, lr,
     algo, eval), train with N = `--n-small` until eval pass@1 plateaus, and keep the final
@@ -57,18 +57,21 @@ class RecordingSink:
 
     def __init__(self) -> None:
         self.rows: list[dict] = []
-        self.samples, self.train_s, self.t0 = 0, 0.0, time.perf_counter()
+        self.samples_seen, self.train_s, self.t0 = 0, 0.0, time.perf_counter()
 
     def metrics(self, step, values):
-        self.samples += int(values.get("samples") or 0)
+        self.samples_seen += int(values.get("samples") or 0)
         self.train_s += float(values.get("step_s") or 0.0)
-        self.rows.append({"step": step, **values, "cum_samples": self.samples, "cum_train_s": self.train_s,
+        self.rows.append({"step": step, **values, "cum_samples": self.samples_seen, "cum_train_s": self.train_s,
                           "wall_s": time.perf_counter() - self.t0})
 
     def event(self, type, data):
         pass
 
     def checkpoint(self, step, path, nbytes, sha256):
+        pass
+
+    def samples(self, step, rows):
         pass
 
     def evals(self) -> list[dict]:
@@ -99,7 +102,7 @@ def child(cfg: dict) -> None:
         if last is None or last["step"] == 0 or "eval/pass@1" not in last:
             return False
         if stop["kind"] == "budget":
-            return sink.samples >= stop["budget"]
+            return sink.samples_seen >= stop["budget"]
         return plateaued(sink.evals(), stop["min_steps"], stop["patience"], stop["min_delta"])
 
     result = train(spec, sink, should_stop, out_dir=Path(cfg["out_dir"]))

@@ -3,7 +3,7 @@
 BroRL's systems claims at the level of a whole RL step: with the same number of samples per
 step, many rollouts of few prompts (N = 512) should be at least as fast as few rollouts of many
 prompts (N = 16), and, with micro-batched forward/backward, peak memory should not grow with N
-(issue 3's target: peak RSS at N = 512 within 1.3x of N = 16 at the same micro-batch).
+(the target: peak RSS at N = 512 within 1.3x of N = 16 at the same micro-batch).
 
 For each engine (`--engine hf|vllm|both`) and each N in `--ns` (default 16, 64, 256, 512) a
 *fresh subprocess* builds the run with the trainer's own `build_run` and runs `--warmup` + `--steps`

@@ -1,4 +1,4 @@
-"""This project's trainer against TRL's GRPOTrainer on the same shapes (issue 11).
+"""This project's trainer against TRL's GRPOTrainer on the same shapes (docs/results.md, section 7).
 
 Both trainers run the same HF folder, task (examples/demo.yaml: chain_sum, 2 one-digit terms),
 prompt text, sampling temperature, N and prompts per step, `max_new_tokens` 24, lr 1e-6,

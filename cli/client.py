@@ -275,6 +275,17 @@ class BrorlClient:
     def get_dataset(self, dataset_id: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/datasets/{dataset_id}")
 
+    # ------------------------------------------------------------------ graders
+
+    def validate_grader(self, grader: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/v1/graders/validate", json={"grader": grader})
+
+    def run_grader(self, grader: dict[str, Any], model_sample: str | dict[str, Any],
+                   item: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._json("POST", "/v1/graders/run",
+                          json={"grader": grader, "model_sample": model_sample,
+                                "item": item or {}})
+
     # ------------------------------------------------------------------ health
 
     def ready(self) -> bool:

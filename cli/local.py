@@ -32,18 +32,34 @@ def _load(spec_path: Path, **resources: int):
         raise typer.Exit(2)
 
 
+def lr_rule(optim) -> list[str]:
+    """The spec's lr rule in words, one line per knob: optim.lr_scaling, then optim.lr_batch."""
+    f = {"sqrt": "sqrt(r)", "linear": "r", "none": "1"}[optim.lr_scaling]
+    lines = [f"lr = {optim.lr:g} x {f}  (optim.lr_scaling: {optim.lr_scaling})"]
+    if optim.lr_scaling != "none":
+        r = "r = samples/step ÷ stage 0's"
+        if optim.lr_batch == "prompts_capped":
+            r += ", capped at prompts/step ÷ stage 0's (at least 1)"
+        lines.append(f"{r}  (optim.lr_batch: {optim.lr_batch})")
+    return lines
+
+
 def schedule(spec_path: Path = typer.Argument(..., help="Job spec (YAML or JSON).")) -> None:
     """Print the stage table (n, prompts, samples per step, lr, steps) without running anything."""
     from trainer.algo.schedule import plan, stage_warning
 
     spec = _load(spec_path)
-    table = Table(title=f"{spec.name}: {spec.total_steps} steps, lr rule {spec.optim.lr_scaling}")
+    o = spec.optim
+    table = Table(title=f"{spec.name}: {spec.total_steps} steps, "
+                        f"lr_scaling {o.lr_scaling}, lr_batch {o.lr_batch}")
     for col in ("stage", "n", "prompts/step", "samples/step", "lr", "steps", "first step"):
         table.add_column(col, justify="right")
     for p in plan(spec):
         table.add_row(str(p.index), str(p.n), str(p.prompts_per_step), str(p.samples_per_step),
                       f"{p.lr:.4g}", str(p.steps), str(p.first_step + 1))
     console.print(table)
+    for line in lr_rule(o):
+        console.print(line, highlight=False)
     plans = plan(spec)
     for p in plans:
         if warning := stage_warning(plans, p):
@@ -112,11 +128,18 @@ def eval_cmd(
     console.print(table)
 
 
-def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file.")) -> None:
-    """Print the job spec's JSON Schema (docs/jobspec.schema.json is this output)."""
-    from trainer.spec import json_schema
+def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file."),
+           markdown: bool = typer.Option(
+               False, "--markdown", help="The reference in Markdown (docs/jobspec.md) instead.")) -> None:
+    """Print the job spec's JSON Schema (docs/jobspec.schema.json), or its reference in Markdown."""
+    if markdown:
+        from cli.spec_doc import spec_markdown
 
-    text = json.dumps(json_schema(), indent=2) + "\n"
+        text = spec_markdown()
+    else:
+        from trainer.spec import json_schema
+
+        text = json.dumps(json_schema(), indent=2) + "\n"
     if out:
         out.write_text(text)
     else:

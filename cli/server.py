@@ -272,9 +272,14 @@ def _demo(data_dir: Path, port: Optional[int], spec_path: Path, ready_timeout: f
 
 
 def register(app: typer.Typer) -> None:
+    """Add the commands that run the service, and `brorl keys`, to `app`."""
+    _register_service(app)
     keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
     app.add_typer(keys_app, name="keys")
+    _register_keys(keys_app)
 
+
+def _register_service(app: typer.Typer) -> None:
     @app.command()
     def up(host: str = typer.Option("127.0.0.1", "--host"),
            port: int = typer.Option(8000, "--port"),
@@ -323,6 +328,8 @@ def register(app: typer.Typer) -> None:
         store_migrate.upgrade()
         console.print("database at head")
 
+
+def _register_keys(keys_app: typer.Typer) -> None:
     @keys_app.command("create")
     def keys_create(tenant: str = typer.Option(..., "--tenant"),
                     data_dir: Optional[Path] = typer.Option(None, "--data-dir")):
@@ -365,5 +372,5 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"{'no key' if not found else f'{len(found)} keys'} match {ref!r}; "
                            f"give a key id from `brorl keys list`", err=True)
                 raise typer.Exit(1)
-            revoked = keys.revoke_key_id(s, found[0].id)
+            revoked = keys.revoke_key(s, found[0].id)
         typer.echo(f"revoked key {found[0].id}" if revoked else f"key {found[0].id} was already revoked")

@@ -10,10 +10,6 @@ The checkpoint folder's name, manifest and archive are defined in `trainer.check
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 
 from store.settings import Settings
@@ -38,39 +34,4 @@ def checkpoint_dir(settings: Settings, job_id: str, attempt: int, step: int) -> 
 def dataset_path(settings: Settings, dataset_id: str) -> Path:
     return settings.artifact_dir / "datasets" / f"{dataset_id}.jsonl"
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, chunks: Iterable[bytes]) -> tuple[int, str]:
-    """Write `chunks` to `path` all-or-nothing; returns (bytes written, sha256 hex).
-
-    The data goes to a temporary file in the same folder, is fsynced, then renamed over
-    `path` (atomic on POSIX), so readers see the old file or the whole new one, never a part;
-    a failure midway leaves no file behind.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    nbytes = 0
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-                digest.update(chunk)
-                nbytes += len(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return nbytes, digest.hexdigest()
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Select, Text, and_, bindparam, cast, func, select
+from sqlalchemy import Connection, Select, Text, and_, bindparam, cast, func, or_, select
 from sqlalchemy.orm import Session
 
-from store.models import Checkpoint, Job, JobEvent, JobKind, JobStatus, Metric
+from store.models import Checkpoint, Job, JobEvent, JobKind, JobSample, JobStatus, Metric
 
 # Every read of a job overwrites the session's copy: the state machine's compare-and-set
 # UPDATEs bypass loaded objects, and a long-lived session (expire_on_commit=False) must never
@@ -108,6 +108,25 @@ def list_metrics(
     if after_step is not None:
         query = query.where(Metric.step > after_step)
     return list(s.scalars(query.order_by(Metric.step).limit(limit)))
+
+def list_samples(s: Session, tenant_id: int, job_id: str, *, step: int | None = None,
+                 min_reward: float | None = None, max_reward: float | None = None,
+                 after: int | None = None, limit: int = 100) -> list[JobSample]:
+    """Stored samples, newest step first and in their place within a step; `after` is the id
+    of the previous page's last sample (a keyset cursor on (step, idx))."""
+    query = _scoped(select(JobSample), JobSample, tenant_id, job_id)
+    if step is not None:
+        query = query.where(JobSample.step == step)
+    if min_reward is not None:
+        query = query.where(JobSample.reward >= min_reward)
+    if max_reward is not None:
+        query = query.where(JobSample.reward <= max_reward)
+    last = s.get(JobSample, after) if after is not None else None
+    if last is not None and last.job_id == job_id:
+        query = query.where(or_(JobSample.step < last.step,
+                                and_(JobSample.step == last.step, JobSample.idx > last.idx)))
+    return list(s.scalars(query.order_by(JobSample.step.desc(), JobSample.idx).limit(limit)))
+
 
 def _metric_page_query() -> Select[Any]:
     m = Metric.__table__

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from store.errors import Fenced, IdempotencyConflict, InvalidTransition, NotFound
 from store.job_queries import (  # re-exported: store.jobs is the one entry point
+    count_active_jobs,
     count_jobs_by_status,
     get_checkpoint,
     get_job,
@@ -36,6 +37,7 @@ from store.job_queries import (  # re-exported: store.jobs is the one entry poin
     list_events,
     list_jobs,
     list_metrics,
+    list_samples,
     metric_page_raw,
 )
 from store.models import (
@@ -45,6 +47,7 @@ from store.models import (
     Job,
     JobEvent,
     JobKind,
+    JobSample,
     JobStatus,
     Metric,
     UTCDateTime,
@@ -298,6 +301,33 @@ def record_result(s: Session, job_id: str, attempt: int, result: dict[str, Any])
     """Store a probe's result. Fenced: an attempt that lost the job writes nothing, so a probe
     retried after a dead worker ends with the one result of the attempt that finished."""
     _fenced_update(s, job_id, attempt, result=result)
+
+
+def _clean(text: str) -> str:
+    """PostgreSQL text cannot hold NUL; a model may well write one."""
+    return text.replace("\x00", "\ufffd")
+
+
+def record_samples(s: Session, job_id: str, attempt: int, step: int, rows: list[dict[str, Any]],
+                   max_job_bytes: int) -> int:
+    """Store a step's samples (replacing a re-run step's), fenced, within the job's byte cap;
+    returns how many were stored (fewer, or none, once the cap is reached)."""
+    _fenced_update(s, job_id, attempt)
+    s.execute(delete(JobSample).where(JobSample.job_id == job_id, JobSample.step == step))
+    used = s.scalar(select(func.coalesce(func.sum(JobSample.bytes), 0)).where(JobSample.job_id == job_id))
+    stored = 0
+    for idx, row in enumerate(rows):
+        prompt, completion = _clean(row["prompt"]), _clean(row["completion"])
+        nbytes = len(prompt.encode()) + len(completion.encode())
+        if used + nbytes > max_job_bytes:
+            break
+        used += nbytes
+        s.add(JobSample(job_id=job_id, step=step, idx=idx, prompt=prompt, completion=completion,
+                        reward=row["reward"], correct=row["correct"], truncated=row["truncated"],
+                        advantage=row["advantage"], sub_rewards=row.get("sub_rewards") or {},
+                        bytes=nbytes, created_at=utcnow()))
+        stored += 1
+    return stored
 
 
 def add_event(

@@ -58,22 +58,6 @@ def authenticate(s: Session, key: str) -> Tenant | None:
     return s.scalar(query)
 
 
-def revoke_key(s: Session, key: str) -> bool:
-    """Revoke a key given its plaintext; returns whether an active key was revoked."""
-    stmt = (
-        update(ApiKey)
-        .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
-        .values(revoked_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
-    return s.execute(stmt).rowcount == 1
-
-
-def list_keys(s: Session, tenant_id: int) -> list[ApiKey]:
-    """A tenant's keys (prefix and dates only; the secret is not recoverable)."""
-    return list(s.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id)))
-
-
 def list_all_keys(s: Session, tenant_name: str | None = None) -> list[tuple[ApiKey, str]]:
     """(key, tenant name) for every key, or one tenant's: for operators (`brorl keys list`)."""
     query = select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id)
@@ -93,8 +77,8 @@ def find_keys(s: Session, ref: str) -> list[ApiKey]:
                                                                         autoescape=True))))
 
 
-def revoke_key_id(s: Session, key_id: int) -> bool:
-    """Revoke a key by its id; returns whether an active key was revoked."""
+def revoke_key(s: Session, key_id: int) -> bool:
+    """Revoke a key by its id (`find_keys`); returns whether an active key was revoked."""
     stmt = (
         update(ApiKey)
         .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))

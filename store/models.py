@@ -21,6 +21,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Enum,
+    Float,
     ForeignKey,
     Integer,
     MetaData,
@@ -250,6 +251,27 @@ class Metric(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     step: Mapped[int] = mapped_column(Integer)
     values: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class JobSample(Base):
+    """One of the few rollouts a step stores for people to read (`samples.per_step` in the spec)."""
+
+    __tablename__ = "job_samples"
+    __table_args__ = (UniqueConstraint("job_id", "step", "idx"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    idx: Mapped[int] = mapped_column(Integer)          # its place among the step's samples
+    prompt: Mapped[str] = mapped_column(Text)
+    completion: Mapped[str] = mapped_column(Text)
+    reward: Mapped[float] = mapped_column(Float)
+    correct: Mapped[bool] = mapped_column(Boolean)
+    truncated: Mapped[bool] = mapped_column(Boolean)
+    advantage: Mapped[float] = mapped_column(Float)
+    sub_rewards: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    bytes: Mapped[int] = mapped_column(Integer)        # counted against the job's storage cap
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

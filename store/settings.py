@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     # While the database is unreachable the worker keeps up to this many metric/event rows in
     # memory (written in order once it is back); one more fails the attempt.
     sink_buffer_rows: int = Field(10_000, ge=1)
+    # The rollouts a job stores for reading (`samples.per_step`) stop at this many bytes of
+    # text per job; its metrics go on. 64 samples x 2 x 4,000 chars a step fill it in ~100 steps
+    # at the spec's limits, 8 short ones a step in thousands.
+    max_sample_bytes_per_job: int = Field(50 * MIB, ge=0)
     reaper_interval_seconds: float = 30
     # A queued job nobody claimed for this long is enqueued again by the reaper: this recovers
     # an enqueue that failed after the commit (broker down) or a message the broker lost. A
@@ -65,7 +69,7 @@ class Settings(BaseSettings):
     # NoDecode: the env value is the comma list itself, not JSON.
     gpu_counts: Annotated[tuple[int, ...], NoDecode] = (1,)
 
-    # --- API hardening (api/guards.py, api/ratelimit.py, api/quotas.py; README "Limits").
+    # --- API hardening (api/guards.py, api/ratelimit.py, api/quotas.py; docs/hardening.md).
     # A JSON body (a job spec) larger than this is a 413 before it is parsed.
     max_json_bytes: int = 256 * 1024
     # A request body that sends nothing for body_idle_timeout_s, or has not finished after

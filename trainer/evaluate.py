@@ -1,7 +1,7 @@
 """Held-out evaluation: pass@1 (mean over samples), unbiased pass@k, mean response length.
 
 Runs the eval split through the same rollout engine at the spec's eval temperature / top-p
-(PAPER.md: 0.6 / 0.95, pass@1 averaged over 16 samples).
+(the paper's: 0.6 / 0.95, pass@1 averaged over 16 samples).
 """
 from __future__ import annotations
 

@@ -83,6 +83,18 @@ def _check_stall(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
             raise StallError(message + " (algo.fail_on_stall is set)")
 
 
+def _check_gaming(run: Run, sink: MetricsSink, step: int, values: dict, evaluated: dict | None) -> None:
+    """Warn when the training reward rises while eval pass@1 falls (`trainer.algo.gaming`)."""
+    if values.get("reward_mean") is not None:
+        run.gaming.step(values["reward_mean"])
+    if evaluated is None or "eval/pass@1" not in evaluated:
+        return
+    ev = run.spec.eval
+    if message := run.gaming.evaluation(step, evaluated["eval/pass@1"], ev.gaming_window, ev.gaming_min_delta):
+        sink.event("warning", {"step": step, "message": message})
+        log.warning(message)
+
+
 def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
     """`rollout.broaden`: after an evaluation at `step` (steps completed), start a wider stage
     at the next step when the metric has not risen by min_delta over `patience` evaluations."""
@@ -146,7 +158,15 @@ def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[],
         run = build_run(spec, Path(out_dir), resume, dataset_path, check)
     except StopRequested:  # during the warm start of builtin:tiny
         return TrainResult.stopped_before_start()
-    total = spec.total_steps
+    try:
+        return _run_steps(run, sink, should_stop, on_step)
+    finally:
+        run.close()
+
+
+def _run_steps(run: Run, sink: MetricsSink, should_stop: Callable[[], bool],
+               on_step: Callable[[int, dict], None] | None) -> TrainResult:
+    spec, total = run.spec, run.spec.total_steps
     start = done = run.state.step  # `done`: steps whose update, metrics and eval all finished
     last_eval, last_ckpt, stopped = None, None, False
     try:
@@ -159,36 +179,44 @@ def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[],
                 stopped = True
                 break
             step = done + 1
-            plan = stage_for_step(run.plans, done)  # the schedule counts steps from 0
-            if done == plan.first_step or done == start:
-                sink.event("stage_started", {"step": step, **dataclasses.asdict(plan)})
-                if done == plan.first_step and (warning := stage_warning(run.plans, plan)):
-                    sink.event("warning", {"step": step, "message": warning})
-                    log.warning(warning)
-            run.state.stage = plan.index
-            values = run_step(run, plan, done)
-            if _due(spec.eval.every, step) or step == total:
-                last_eval = _evaluate(run, sink, step)
-                values.update(last_eval)
-            sink.metrics(step, values)
-            _check_stall(run, sink, step, values)
-            if "eval/pass@1" in values:
-                _maybe_broaden(run, sink, step, values)
-            if on_step:
-                on_step(step, values)
-            # Reset the reference before checkpointing so that a checkpoint holds the state after
-            # the whole step (a resume then never has to replay the reset).
-            if run.ref is not None and _due(spec.algo.ref_reset_every or 0, step):
-                run.ref.load_state_dict(distributed.full_state_dict(run.policy))
-                run.state.ref_step = step
-            if _due(spec.checkpoint.every, step) or step == total:
-                last_ckpt = _checkpoint(run, sink, step)
+            evaluated, saved = _step(run, sink, step, start, on_step)
+            last_eval, last_ckpt = evaluated or last_eval, saved or last_ckpt
             done = step
         if stopped and done > start and not _due(spec.checkpoint.every, done):
             last_ckpt = _checkpoint(run, sink, done)  # keep the work done before the stop
     except StopRequested:
         # Stopped inside a phase of a step: that step is abandoned, not saved half-done.
         stopped = True
-    finally:
-        run.close()
     return TrainResult(steps_completed=done, stopped=stopped, last_eval=last_eval, last_checkpoint=last_ckpt)
+
+
+def _step(run: Run, sink: MetricsSink, step: int, start: int,
+          on_step: Callable[[int, dict], None] | None) -> tuple[dict | None, Path | None]:
+    """Step `step` (counted from 1) and what follows it; returns (its eval, its checkpoint)."""
+    spec, done = run.spec, step - 1
+    plan = stage_for_step(run.plans, done)  # the schedule counts steps from 0
+    if done == plan.first_step or done == start:
+        sink.event("stage_started", {"step": step, **dataclasses.asdict(plan)})
+        if done == plan.first_step and (warning := stage_warning(run.plans, plan)):
+            sink.event("warning", {"step": step, "message": warning})
+            log.warning(warning)
+    run.state.stage = plan.index
+    values = run_step(run, plan, done, on_samples=lambda rows: sink.samples(step, rows))
+    evaluated = None
+    if _due(spec.eval.every, step) or step == spec.total_steps:
+        evaluated = _evaluate(run, sink, step)
+        values.update(evaluated)
+    sink.metrics(step, values)
+    _check_stall(run, sink, step, values)
+    _check_gaming(run, sink, step, values, evaluated)
+    if evaluated is not None:
+        _maybe_broaden(run, sink, step, values)
+    if on_step:
+        on_step(step, values)
+    # Reset the reference before checkpointing so that a checkpoint holds the state after
+    # the whole step (a resume then never has to replay the reset).
+    if run.ref is not None and _due(spec.algo.ref_reset_every or 0, step):
+        run.ref.load_state_dict(distributed.full_state_dict(run.policy))
+        run.state.ref_step = step
+    saved = _checkpoint(run, sink, step) if _due(spec.checkpoint.every, step) or step == spec.total_steps else None
+    return evaluated, saved

@@ -1,4 +1,4 @@
-"""Typed batches handed between the algorithm pieces (ARCHITECTURE.md rule 3).
+"""Typed batches handed between the algorithm pieces, which are pure functions of them.
 
 `Generation` is what a rollout engine returns; `Rollouts` is one step's scored batch,
 flat over samples, with `group` telling which prompt each sample came from.

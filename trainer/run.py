@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,9 +21,12 @@ from trainer.prompt_stream import PromptStream
 from trainer.engines import make_engine
 from trainer.models.loading import compute_dtype, load_policy, resolve_device
 from trainer.algo.advantages import ADVANTAGES, AdvantageFn
+from trainer.algo.gaming import GamingWatch
+from trainer.optim.optimizer import make_optimizer
 from trainer.optim.update import UpdateConfig, auto_micro_batch_tokens
 from trainer.algo.schedule import Plateau, StagePlan, replan, widest_samples
-from trainer.spec import JobSpec
+from trainer.settings import trainer_settings
+from trainer.spec import TINY_MODEL, JobSpec
 from trainer.stop import never
 from trainer.tasks import build_task
 from trainer.tasks.base import Task
@@ -32,25 +34,6 @@ from trainer.tasks.prompts import render_prompt, target_completion
 from trainer.tasks.scoring import Scorer
 from trainer.threads import configure_threads
 
-TINY = "builtin:tiny"
-
-
-def make_optimizer(params, optim_spec, lr: float,
-                   device_dtype: torch.dtype | None = None) -> torch.optim.Optimizer:
-    """AdamW over the float32 master weights; `8bit` keeps its moments in 8 bits (bitsandbytes);
-    `cpu_offload` keeps masters and moments on the CPU and casts the device weights to
-    `device_dtype` (the compute dtype), as ZeRO-Offload does (`trainer/optim/offload.py`)."""
-    o = optim_spec
-    if o.optimizer_state == "cpu_offload":
-        from trainer.optim.offload import CPUOffloadAdamW
-
-        return CPUOffloadAdamW(params, device_dtype=device_dtype, lr=lr, betas=o.betas,
-                               weight_decay=o.weight_decay)
-    if o.optimizer_state == "8bit":
-        import bitsandbytes as bnb
-
-        return bnb.optim.AdamW8bit(params, lr=lr, betas=o.betas, weight_decay=o.weight_decay)
-    return torch.optim.AdamW(params, lr=lr, betas=o.betas, weight_decay=o.weight_decay)
 
 
 # Run fields saved in TrainerState so that a resumed run continues them (step.py, loop.py).
@@ -84,6 +67,7 @@ class Run:
     nonfinite_in_row: int = 0                    # updates skipped in a row (non-finite loss/grad)
     stalled_steps: int = 0                       # steps in a row that could not learn
     plateau: Plateau = field(default_factory=Plateau)  # rollout.broaden's memory of the metric
+    gaming: GamingWatch = field(default_factory=GamingWatch)  # reward up, eval down (not resumed)
     stop_check: Callable[[], None] = never       # raises StopRequested inside long phases
 
     def close(self) -> None:
@@ -96,7 +80,7 @@ def spec_sha256(spec: JobSpec) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("BRORL_CACHE_DIR", Path.home() / ".cache" / "brorl"))
+    return trainer_settings().cache_dir
 
 
 def tiny_model_key(spec: JobSpec) -> str:
@@ -158,7 +142,7 @@ def prepare_tiny_model(spec: JobSpec, dataset_path: Path | None, stop_check: Cal
                        **build: object) -> None:
     """Put the spec's builtin:tiny model in the cache (nothing for any other model): done once
     where a cancel reaches it, before many ranks, or a test's runs, find it there."""
-    if spec.model.path != TINY:
+    if spec.model.path != TINY_MODEL:
         return
     task = build_task(spec.task, spec.seed, dataset_path)
     scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
@@ -172,7 +156,7 @@ def model_dir_for(spec: JobSpec, task: Task, scorer: Scorer,
                   stop_check: Callable[[], None] = never) -> Path:
     """The folder the spec's model loads from: builtin:tiny is warm-started (or found in the
     cache) here, with `scorer` scoring its stopping probe; any other path is used as it is."""
-    return _tiny_model_dir(spec, task, scorer, stop_check) if spec.model.path == TINY else Path(spec.model.path)
+    return _tiny_model_dir(spec, task, scorer, stop_check) if spec.model.path == TINY_MODEL else Path(spec.model.path)
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -202,7 +186,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     ref = None
     if spec.algo.kl_coef > 0:
         # The reference is never trained: it may live in the compute dtype (half the memory).
-        # On many ranks each holds a whole copy (sharding it too is a later step, README).
+        # On many ranks each holds a whole copy (sharding it too is a later step, docs/many-gpus.md).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
     engine_model = policy
     if distributed.active():
@@ -228,10 +212,10 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     engine = make_engine(spec.rollout.engine, source, engine_model, tokenizer, dtype=spec.model.dtype,
                          seed=spec.seed, max_model_len=max_len,
                          max_num_seqs=max(widest, len(eval_ids) * spec.eval.samples_per_prompt))
-    mbt = spec.algo.micro_batch_tokens
+    budget = spec.algo.micro_batch_tokens
     if engine_model is not policy:
         engine.sync_weights(policy)  # a resume restored the sharded weights from dcp/
-    micro = auto_micro_batch_tokens(policy, max_len) if mbt == "auto" else int(mbt)
+    micro = auto_micro_batch_tokens(policy, max_len) if budget == "auto" else int(budget)
     return Run(spec=spec, out_dir=Path(out_dir), device=device, task=task, model_dir=model_dir,
                tokenizer=tokenizer, policy=policy, ref=ref, optimizer=optimizer, engine=engine,
                scorer=scorer, stream=PromptStream(range(len(task.train)), spec.seed, state.data_cursor),

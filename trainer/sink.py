@@ -1,7 +1,8 @@
-"""Where metrics and events go; the trainer never learns which (ARCHITECTURE.md rule 5).
+"""Where metrics and events go; the trainer never learns which (the worker, the CLI and tests differ).
 
-A sink gets one `metrics(step, values)` call per step and `event(type, data)` calls at stage
-boundaries, evaluations and checkpoints. The worker supplies a database sink; the CLI a
+A sink gets one `metrics(step, values)` call per step, `samples(step, rows)` with the step's
+stored rollouts (`trainer.samples`), and `event(type, data)` calls at stage boundaries,
+evaluations and checkpoints. The worker supplies a database sink; the CLI a
 JSONL one; tests a list.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ class MetricsSink(Protocol):
     def metrics(self, step: int, values: dict[str, Any]) -> None: ...
     def event(self, type: str, data: dict[str, Any]) -> None: ...
     def checkpoint(self, step: int, path: Path, nbytes: int, sha256: str) -> None: ...
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
 
 
 class ListSink:
@@ -24,6 +26,7 @@ class ListSink:
         self.steps: list[dict[str, Any]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.checkpoints: list[tuple[int, Path, int, str]] = []
+        self.samples_by_step: dict[int, list[dict[str, Any]]] = {}
 
     def metrics(self, step, values):
         self.steps.append({"step": step, **values})
@@ -34,6 +37,9 @@ class ListSink:
     def checkpoint(self, step, path, nbytes, sha256):
         self.checkpoints.append((step, Path(path), nbytes, sha256))
 
+    def samples(self, step, rows):
+        self.samples_by_step[step] = rows
+
 
 class JsonlSink:
     """Appends one JSON line per step to a file (and events to a second one)."""
@@ -42,6 +48,7 @@ class JsonlSink:
         out_dir.mkdir(parents=True, exist_ok=True)
         self._metrics = open(out_dir / "metrics.jsonl", "a", buffering=1)
         self._events = open(out_dir / "events.jsonl", "a", buffering=1)
+        self._samples = open(out_dir / "samples.jsonl", "a", buffering=1)
 
     def metrics(self, step, values):
         self._metrics.write(json.dumps({"step": step, **values}) + "\n")
@@ -51,6 +58,10 @@ class JsonlSink:
 
     def checkpoint(self, step, path, nbytes, sha256):
         self.event("checkpoint_saved", {"step": step, "path": str(path), "bytes": nbytes, "sha256": sha256})
+
+    def samples(self, step, rows):
+        for row in rows:
+            self._samples.write(json.dumps({"step": step, **row}) + "\n")
 
 
 
@@ -70,6 +81,9 @@ class RecordSink:
     def checkpoint(self, step, path, nbytes, sha256):
         self._write({"call": "checkpoint", "step": step, "path": str(path), "nbytes": nbytes, "sha256": sha256})
 
+    def samples(self, step, rows):
+        self._write({"call": "samples", "step": step, "rows": rows})
+
     def _write(self, record: dict) -> None:
         self._file.write(json.dumps(record) + "\n")
 
@@ -86,6 +100,9 @@ class NullSink:
     def checkpoint(self, step, path, nbytes, sha256):
         pass
 
+    def samples(self, step, rows):
+        pass
+
 
 def replay(record: dict[str, Any], sink: MetricsSink) -> None:
     """One `RecordSink` line into `sink`."""
@@ -94,5 +111,7 @@ def replay(record: dict[str, Any], sink: MetricsSink) -> None:
         sink.metrics(record["step"], record["values"])
     elif call == "event":
         sink.event(record["type"], record["data"])
+    elif call == "samples":
+        sink.samples(record["step"], record["rows"])
     else:
         sink.checkpoint(record["step"], Path(record["path"]), record["nbytes"], record["sha256"])

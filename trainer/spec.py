@@ -1,10 +1,12 @@
 """The job spec, version 1: one frozen pydantic model that is the whole job.
 
 The API takes it as the request body, the database stores its JSON, the worker rebuilds it
-and the trainer runs it (ARCHITECTURE.md rule 1). It must stay importable without torch:
-only pydantic, the standard library and (lazily, for task-name checks) reasoning-gym.
-Field names, defaults and bounds follow shared/JOBSPEC.md; cross-field rules live here so
-that bad input is refused before anything is queued, with a message naming the field.
+and the trainer runs it. It must stay importable without torch: only pydantic, the standard
+library and (lazily, for task-name checks) reasoning-gym. Field names are a contract that
+clients, the dashboard and tests rely on (version 1: new fields are optional). Cross-field
+rules live here so that bad input is refused before anything is queued, with a message naming
+the field. Every field's description is user documentation: `brorl schema --markdown` (`make
+docs`) turns them, with the bounds and defaults, into docs/jobspec.md.
 """
 from __future__ import annotations
 
@@ -57,12 +59,16 @@ TINY_MIN_NEW_TOKENS = 24
 
 class ModelSpec(_Frozen):
     path: str = Field("builtin:tiny", min_length=1, max_length=4096,
-                      description="HF model folder, HF hub id, or builtin:tiny (built on the worker).")
+                      description="builtin:tiny (a 0.6 M-parameter model built on the worker, no download); "
+                      "an absolute path to a Hugging Face model folder under one of the deployment's "
+                      "BRORL_MODEL_ROOTS; or a hub id, where the deployment sets BRORL_ALLOW_HUB_MODELS.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype (auto = bf16 on CUDA, float32 on CPU); trainable "
                             "weights and optimizer state are float32 either way (on the CPU "
                             "with optim.optimizer_state cpu_offload).")
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each layer's activations in the backward: about 30 % more "
+                           "update compute for the activations of one layer at a time.")
 
 
 # --------------------------------------------------------------------------- task
@@ -77,12 +83,17 @@ def reasoning_gym_task_names() -> tuple[str, ...]:
 
 
 class ReasoningGymTask(_Frozen):
-    name: str = Field(..., min_length=1, max_length=200, description="A registered reasoning-gym task.")
+    name: str = Field(..., min_length=1, max_length=200,
+                      description="A registered reasoning-gym task, e.g. chain_sum (an unknown name is "
+                                  "refused with the close matches).")
     config: dict[str, Any] = Field(
         default_factory=dict,
-        description=f"The task's config fields (at most {MAX_TASK_CONFIG_BYTES} bytes as JSON).")
-    train_size: int = Field(10_000, ge=1, le=10_000_000)
-    eval_size: int = Field(200, ge=1, le=100_000)
+        description=f"The task's config fields, checked against the task's own config class "
+                    f"(at most {MAX_TASK_CONFIG_BYTES} bytes as JSON).")
+    train_size: int = Field(10_000, ge=1, le=10_000_000,
+                            description="Training questions generated from the job's seed.")
+    eval_size: int = Field(200, ge=1, le=100_000,
+                           description="Held-out questions for evaluation (another seed).")
     eval_disjoint: bool = Field(
         True, description="Drop eval questions that also occur in the training split. A closed "
         "task space (e.g. one-digit sums) has few unseen questions: false samples eval from the "
@@ -125,19 +136,33 @@ class ReasoningGymTask(_Frozen):
 
 
 class DatasetTask(_Frozen):
-    id: str = Field(..., min_length=1, max_length=64, description="An uploaded JSONL dataset (ds_...).")
-    verifier: Literal["exact", "numeric", "math", "regex"] = "exact"
-    eval_fraction: float = Field(0.05, gt=0, lt=1)
-    numeric_tolerance: float = Field(1e-6, ge=0, le=1e6, description="Relative tolerance for `numeric`.")
+    id: str = Field(..., min_length=1, max_length=64,
+                    description="An uploaded JSONL dataset (ds_..., from POST /v1/datasets).")
+    verifier: Literal["exact", "numeric", "math", "regex"] = Field(
+        "exact", description="How the extracted answer is compared with the row's answer: exact "
+        "(equal after stripping whitespace), numeric (a plain number within numeric_tolerance), "
+        "math (math-verify equivalence; arithmetic left to do is refused) or regex (the answer is "
+        "a Python regular expression that must match the whole extraction).")
+    eval_fraction: float = Field(0.05, gt=0, lt=1, description="Share of the rows held out for "
+                                 "evaluation (a seeded split; at least one row on each side).")
+    numeric_tolerance: float = Field(1e-6, ge=0, le=1e6, description="Relative tolerance of the "
+                                     "numeric verifier (absolute when the answer is 0).")
 
 
 class TaskSpec(_Frozen):
-    reasoning_gym: ReasoningGymTask | None = None
-    dataset: DatasetTask | None = None
+    reasoning_gym: ReasoningGymTask | None = Field(
+        None, description="A generated reasoning-gym task. Give exactly one of reasoning_gym and dataset.")
+    dataset: DatasetTask | None = Field(
+        None, description="An uploaded dataset of {prompt, answer} lines. Give exactly one of "
+                          "reasoning_gym and dataset.")
     prompt_template: str | None = Field(
         None, max_length=20_000,
-        description="null: the default prompt asking for <answer>...</answer>; else must contain {question}.")
-    reward: Literal["binary", "score"] = "binary"
+        description="null: the default prompt asking for the answer inside <answer>...</answer> (a system "
+                    "message for chat models); else a text containing {question}, used verbatim (a chat "
+                    "model's template must carry its own chat markup).")
+    reward: Literal["binary", "score"] = Field(
+        "binary", description="binary: 1 when the verifier's score is 1, else 0; score: the "
+                              "verifier's score in [0, 1] (partial credit).")
 
     @field_validator("prompt_template")
     @classmethod
@@ -158,8 +183,10 @@ class TaskSpec(_Frozen):
 
 class Stage(_Frozen):
     n: int = Field(..., ge=2, le=4096, description="Rollouts per prompt.")
-    prompts_per_step: int = Field(..., ge=1, le=8192)
-    steps: int = Field(..., ge=1, le=MAX_TOTAL_STEPS)
+    prompts_per_step: int = Field(..., ge=1, le=8192, description=(
+        f"Prompts per step; n x prompts_per_step is at most {MAX_SAMPLES_PER_STEP:,} samples per step."))
+    steps: int = Field(..., ge=1, le=MAX_TOTAL_STEPS, description=(
+        f"Steps of this stage; all stages together at most {MAX_TOTAL_STEPS:,}."))
 
     @property
     def samples_per_step(self) -> int:
@@ -194,7 +221,7 @@ class BroadenSpec(_Frozen):
         "n (never below min_prompts).")
     min_prompts: int = Field(
         8, ge=1, le=8192, description="keep_samples never goes below this many prompts per step: "
-        "fewer prompts per update lost what the narrow stage learned (docs/results.md, issue 12).")
+        "fewer prompts per update lost what the narrow stage learned (docs/results.md, section 6).")
     trigger: Literal["plateau", "probe"] = Field(
         "plateau", description="plateau: broaden at every plateau. probe: at a plateau, first probe the "
         "current policy (probe_n samples on probe_prompts eval prompts) and broaden only when the share "
@@ -209,11 +236,16 @@ class BroadenSpec(_Frozen):
 class RolloutSpec(_Frozen):
     engine: Literal["auto", "vllm", "hf"] = Field(
         "auto", description="auto: vLLM on a CUDA device, the HF engine on a CPU, where it measured "
-        "as fast or faster and starts instantly (README, Evidence).")
-    schedule: list[Stage] = Field(default_factory=_default_schedule, min_length=1, max_length=32)
-    max_new_tokens: int = Field(256, ge=1, le=131_072)
-    temperature: float = Field(1.0, gt=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+        "as fast or faster and needs no weight sync (docs/results.md, sections 2-3).")
+    schedule: list[Stage] = Field(
+        default_factory=_default_schedule, min_length=1, max_length=32,
+        description="The broadening schedule: stages of (n, prompts_per_step, steps) run in order; "
+                    "each stage's lr follows optim.lr_scaling and optim.lr_batch.")
+    max_new_tokens: int = Field(256, ge=1, le=131_072, description=(
+        f"Longest response in tokens; a longer one is cut and gets algo.truncated_reward. At least "
+        f"{TINY_MIN_NEW_TOKENS} with builtin:tiny, which writes one character per token."))
+    temperature: float = Field(1.0, gt=0, le=2, description="Sampling temperature of the rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the rollouts; 1 = off.")
     broaden: BroadenSpec | None = Field(
         None, description="Broaden on a plateau. It replaces later stages: give one stage, whose "
                           "steps are then the whole job's; each plateau starts a wider stage.")
@@ -232,15 +264,19 @@ class RolloutSpec(_Frozen):
 
 class OptimSpec(_Frozen):
     lr: float = Field(1e-6, gt=0, le=0.01, description="LR at the first stage's batch B0 = prompts x n.")
-    lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+    lr_scaling: Literal["sqrt", "linear", "none"] = Field(
+        "sqrt", description="Each stage's lr = lr x f(B / B0), f = sqrt (the paper), linear or none "
+                            "(every stage keeps lr); B counts what lr_batch says.")
     lr_batch: Literal["prompts_capped", "samples"] = Field(
         "prompts_capped", description="What lr_scaling's batch ratio counts. samples: B = prompts x n "
         "(the paper). prompts_capped (default): the samples ratio, capped at the growth of prompts per "
         "step, so a stage with no more prompts than the first never gets a larger lr (a broad stage "
         "of 4 prompts at lr x sqrt(2) lost pass@1 where lr x 1 gained: docs/results.md, section 6).")
-    warmup_steps: int = Field(0, ge=0, le=MAX_TOTAL_STEPS)
-    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
-    weight_decay: float = Field(0.01, ge=0, le=10)
+    warmup_steps: int = Field(0, ge=0, le=MAX_TOTAL_STEPS,
+                              description="Linear warmup of the lr over the first steps of the job.")
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.999), description="AdamW's beta1 and beta2.")
+    weight_decay: float = Field(0.01, ge=0, le=10, description="AdamW's decoupled weight decay.")
     grad_clip: float | None = Field(1.0, gt=0, le=1e6, description="Max global grad norm; null = off.")
     optimizer_state: Literal["fp32", "8bit", "cpu_offload"] = Field(
         "fp32", description="AdamW state: fp32 (8 bytes/param) or 8bit (bitsandbytes, 2 bytes/param) "
@@ -251,27 +287,47 @@ class OptimSpec(_Frozen):
 
 
 class AlgoSpec(_Frozen):
-    advantage: Literal["reinforce_pp_baseline", "grpo"] = "reinforce_pp_baseline"
+    advantage: Literal["reinforce_pp_baseline", "grpo"] = Field(
+        "reinforce_pp_baseline", description="reinforce_pp_baseline (the paper's): reward minus the "
+        "mean of the prompt's n rewards, then whitened over the whole batch; grpo: the same "
+        "difference divided by the group's std, no batch whitening.")
     advantage_whitening: Literal["sample", "token"] = Field(
         "sample", description="reinforce_pp_baseline's batch whitening: over samples (each "
                               "response counts once) or over tokens (OpenRLHF's choice).")
-    clip_low: float = Field(0.2, gt=0, lt=1)
-    clip_high: float = Field(0.27, gt=0, le=100)
-    kl_coef: float = Field(1e-4, ge=0, le=1e3)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k2"
-    ref_reset_every: int | None = Field(300, ge=1, le=MAX_TOTAL_STEPS, description="Steps; null = never.")
-    dynamic_sampling: bool = True
-    max_refill_rounds: int = Field(3, ge=0, le=100)
-    is_truncation: tuple[float, float] | None = (0.5, 5.0)
-    mini_batches: int = Field(4, ge=1, le=MAX_SAMPLES_PER_STEP)
-    micro_batch_tokens: Literal["auto"] | Annotated[int, Field(ge=1, le=2**31 - 1)] = "auto"
-    truncated_reward: float = Field(0.0, ge=-1e6, le=1e6)
+    clip_low: float = Field(0.2, gt=0, lt=1, description="PPO clips the probability ratio at 1 - clip_low.")
+    clip_high: float = Field(0.27, gt=0, le=100, description="PPO clips the probability ratio at "
+                             "1 + clip_high (Clip-Higher); at least clip_low.")
+    kl_coef: float = Field(1e-4, ge=0, le=1e3, description="Weight of the KL penalty to the reference "
+                           "policy; 0 drops the penalty and the reference model's memory.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k2", description="KL(policy || reference) estimator in the loss: k2 (the recipe's, half the "
+                          "squared log ratio) or k3 (ratio - 1 - log ratio). k1 (the log ratio) is refused "
+                          "with kl_coef > 0: as a loss its gradient averages to zero (docs/kl.md).")
+    ref_reset_every: int | None = Field(300, ge=1, le=MAX_TOTAL_STEPS, description=(
+        "Steps between resets of the KL reference to the current policy (the optimizer state is "
+        "kept); null = never."))
+    dynamic_sampling: bool = Field(True, description="Drop prompts whose n rewards are all equal "
+                                   "(no learning signal) and refill the batch with fresh prompts.")
+    max_refill_rounds: int = Field(3, ge=0, le=100, description="Extra generation rounds per step "
+                                   "that refill the prompts dynamic sampling dropped.")
+    is_truncation: tuple[float, float] | None = Field(
+        (0.5, 5.0), description="Truncated importance sampling between the trainer's and the rollout "
+        "engine's token probabilities: tokens whose ratio is outside [low, high] are dropped, with "
+        "0 < low < 1 < high; null = off.")
+    mini_batches: int = Field(4, ge=1, le=MAX_SAMPLES_PER_STEP, description="PPO updates (optimizer "
+                              "steps) per step; at most the smallest stage's samples per step.")
+    micro_batch_tokens: Literal["auto"] | Annotated[int, Field(ge=1, le=2**31 - 1)] = Field(
+        "auto", description="Tokens per forward/backward chunk, so memory does not grow with n; auto "
+                            "sizes it from a fixed activation budget for the model.")
+    truncated_reward: float = Field(0.0, ge=-1e6, le=1e6, description="Reward of a response cut at "
+                                    "rollout.max_new_tokens (it is not verified).")
     max_oversample: float = Field(
-        4.0, ge=1, le=64, description="Cap on generating 1/keep_rate times the missing prompts.")
+        4.0, ge=1, le=64, description="Dynamic sampling asks each round for the missing "
+        "prompts divided by the running keep rate, at most this many times the missing ones.")
     stall_steps: int = Field(
         10, ge=1, le=MAX_TOTAL_STEPS, description="Steps in a row with every response truncated or "
-                                                  "no group kept before a warning.")
-    fail_on_stall: bool = Field(False, description="Fail the job instead of only warning.")
+                                                  "no group kept before the job gets a warning event.")
+    fail_on_stall: bool = Field(False, description="Fail the job after stall_steps instead of only warning.")
 
     @field_validator("clip_high")
     @classmethod
@@ -280,6 +336,19 @@ class AlgoSpec(_Frozen):
         if low is not None and v < low:
             raise ValueError(f"must be >= clip_low ({low})")
         return v
+
+    @model_validator(mode="after")
+    def _k1_is_not_a_loss(self) -> "AlgoSpec":
+        # k1 = log pi - log ref. As a loss term its gradient is kl_coef x grad log pi, whose
+        # mean over samples drawn from pi is zero: noise, no pull towards the reference.
+        # Peers that use k1 put it in the reward instead; this trainer's KL is a loss term.
+        if self.kl_estimator == "k1" and self.kl_coef > 0:
+            raise FieldError("algo.kl_estimator",
+                             "k1 does not work as a KL loss: its gradient, kl_coef x grad log pi, "
+                             "averages to zero over the policy's own samples, so it adds noise and "
+                             "no pull towards the reference; use k2 (the recipe's) or k3, or "
+                             "kl_coef 0 for no KL")
+        return self
 
     @field_validator("is_truncation")
     @classmethod
@@ -290,12 +359,22 @@ class AlgoSpec(_Frozen):
 
 
 class EvalSpec(_Frozen):
-    every: int = Field(50, ge=0, le=MAX_TOTAL_STEPS, description="Steps; 0 = only at the end.")
-    samples_per_prompt: int = Field(16, ge=1, le=4096)
+    every: int = Field(50, ge=0, le=MAX_TOTAL_STEPS, description=(
+        "Evaluate on the held-out split every this many steps (and before the first update and at "
+        "the end); 0 = before the first update and at the end only."))
+    samples_per_prompt: int = Field(16, ge=1, le=4096, description="Samples per held-out prompt; "
+                                    "pass@1 is their mean.")
     k: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
-        default_factory=lambda: [1, 4, 16], min_length=1, max_length=MAX_EVAL_K)
-    temperature: float = Field(0.6, gt=0, le=2)
-    top_p: float = Field(0.95, gt=0, le=1)
+        default_factory=lambda: [1, 4, 16], min_length=1, max_length=MAX_EVAL_K,
+        description="The k of each reported eval/pass@k (unbiased estimator); each at most "
+                    "samples_per_prompt.")
+    temperature: float = Field(0.6, gt=0, le=2, description="Sampling temperature of the evaluation.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling of the evaluation.")
+    gaming_window: int = Field(3, ge=0, le=100, description="Warn (a `warning` event) when over this "
+                               "many evaluations the training reward rose and eval pass@1 fell, each by "
+                               "at least gaming_min_delta: a reward being gamed; 0 = never.")
+    gaming_min_delta: float = Field(0.02, ge=0, le=1, description="How far both must move for that "
+                                    "warning.")
 
     @model_validator(mode="after")
     def _k_bound(self) -> "EvalSpec":
@@ -306,9 +385,11 @@ class EvalSpec(_Frozen):
 
 
 class CheckpointSpec(_Frozen):
-    every: int = Field(50, ge=0, le=MAX_TOTAL_STEPS, description="Steps; 0 = only at the end.")
+    every: int = Field(50, ge=0, le=MAX_TOTAL_STEPS, description=(
+        "Save a checkpoint every this many steps (and at the end); 0 = only at the end."))
     # Bounded so that one job's checkpoints cannot fill the artifact volume.
-    keep_last: int = Field(3, ge=1, le=MAX_KEEP_LAST)
+    keep_last: int = Field(3, ge=1, le=MAX_KEEP_LAST, description="Newest checkpoints kept; older "
+                           "ones are deleted.")
 
 
 MAX_GPUS_PER_NODE = 64
@@ -323,8 +404,10 @@ class ResourcesSpec(_Frozen):
     """
 
     gpus_per_node: int = Field(1, ge=1, le=MAX_GPUS_PER_NODE,
-                               description="Trainer processes (ranks), one per GPU, on the job's node.")
-    nodes: int = Field(1, ge=1, le=1024, description="Nodes; only 1 is supported so far.")
+                               description="Trainer processes (ranks), one per GPU, on the job's node. The "
+                                           "deployment must serve that count (BRORL_GPU_COUNTS); more "
+                                           "than 1 needs optim.optimizer_state fp32.")
+    nodes: int = Field(1, ge=1, le=1024, description="Nodes; only 1 is supported (more is refused).")
 
     @model_validator(mode="after")
     def _one_node(self) -> "ResourcesSpec":
@@ -335,28 +418,50 @@ class ResourcesSpec(_Frozen):
 
 
 class LimitsSpec(_Frozen):
-    max_wall_seconds: int = Field(86_400, ge=1, le=MAX_WALL_SECONDS)
-    max_attempts: int = Field(3, ge=1, le=100)
+    max_wall_seconds: int = Field(86_400, ge=1, le=MAX_WALL_SECONDS, description=(
+        "An attempt that runs longer stops at its next step and the job fails (counted from the "
+        "attempt's start)."))
+    max_attempts: int = Field(3, ge=1, le=100, description="Attempts in all: a job whose worker or "
+                              "rank died is retried from its newest checkpoint up to this many times.")
+
+
+class SamplesSpec(_Frozen):
+    """Rollouts kept for people to read (the job's samples table): how reward hacking is caught."""
+
+    per_step: int = Field(8, ge=0, le=64, description="Rollouts stored per step, half of them the "
+                          "highest-reward ones and half the lowest; 0 stores none.")
+    max_chars: int = Field(4000, ge=100, le=20_000, description="Prompt and completion are each "
+                           "cut to this many characters when stored.")
 
 
 # --------------------------------------------------------------------------- the job
 
 
 class JobSpec(_Frozen):
-    """A BroRL job. See shared/JOBSPEC.md and the README for every field."""
+    """A BroRL job: the model, the task and its reward, the broadening schedule of rollouts, the
+    optimizer and the RL algorithm, evaluation, checkpoints, limits and resources. Unknown
+    fields are errors; every field but name and task has a default."""
 
-    spec_version: Literal[1] = 1
-    name: str = Field(..., min_length=1, max_length=200)
-    seed: int = Field(0, ge=0, le=2**32 - 1)
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    task: TaskSpec
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
-    optim: OptimSpec = Field(default_factory=OptimSpec)
-    algo: AlgoSpec = Field(default_factory=AlgoSpec)
-    eval: EvalSpec = Field(default_factory=EvalSpec)
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    limits: LimitsSpec = Field(default_factory=LimitsSpec)
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    spec_version: Literal[1] = Field(1, description="The spec's version; 1 is the only one.")
+    name: str = Field(..., min_length=1, max_length=200, description="Free text, shown in job lists.")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seeds the task's questions (or the dataset's "
+                      "train/eval split), the sampling and builtin:tiny's weights.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The policy to train.")
+    task: TaskSpec = Field(..., description="What the model answers and how answers are rewarded.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="How rollouts are generated: "
+                                 "the broadening schedule and sampling.")
+    optim: OptimSpec = Field(default_factory=OptimSpec, description="The optimizer (AdamW) and the "
+                             "learning rate of each stage.")
+    algo: AlgoSpec = Field(default_factory=AlgoSpec, description="The RL algorithm: advantages, the "
+                           "clipped PPO loss, KL, dynamic sampling, mini- and micro-batches.")
+    eval: EvalSpec = Field(default_factory=EvalSpec, description="Evaluation on the held-out split.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="When checkpoints "
+                                       "are saved and how many are kept.")
+    limits: LimitsSpec = Field(default_factory=LimitsSpec, description="Wall-clock and retry limits.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="How many GPUs "
+                                     "(ranks) the job runs on.")
+    samples: SamplesSpec = Field(default_factory=SamplesSpec, description="Rollouts stored for reading "
+                                 "(the job's samples table).")
 
     @model_validator(mode="after")
     def _ranks_use_plain_adamw(self) -> "JobSpec":

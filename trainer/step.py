@@ -2,19 +2,22 @@
 
 `collect` produces the step's scored, filtered batch (dynamic sampling with bounded refill
 rounds); `update` runs the PPO mini-batches on it; `run_step` times both plus the weight sync
-and returns the step's metrics under the names in JOBSPEC.md.
+and returns the step's metrics under the names in docs/metrics.md.
 """
 from __future__ import annotations
 
 import math
 import resource
 import time
+from typing import Callable
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from trainer.dist import collectives as distributed
 from trainer.run import Run
+from trainer.samples import step_samples
 from trainer.prompt_stream import mix_seed
 from trainer.algo.filtering import filter_rollouts, solve_fractions
 from trainer.optim.update import ppo_update, sequence_logprobs
@@ -23,38 +26,43 @@ from trainer.algo.schedule import StagePlan, lr_at
 
 
 @dataclass
-class Collected:
-    batch: Rollouts | None                       # informative groups only (when filtering)
-    rounds: int = 0
+class SampleCounts:
+    """A step's generation statistics: what each round adds, summed over the step's rounds."""
+
     samples: int = 0
-    correct: list[torch.Tensor] = field(default_factory=list)
-    rewards: list[torch.Tensor] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     truncated: int = 0
     groups: int = 0
     all_correct: int = 0
     all_wrong: int = 0
-    kept_groups: int = 0
     gen_s: float = 0.0
     score_s: float = 0.0
-    positions: torch.Tensor | None = None        # each sample's place in the one-process batch
+
+    def add(self, other: SampleCounts) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 @dataclass
-class RoundCounts:
-    """What one generation round adds to the step's statistics."""
+class Collected:
+    """One step's scored batch after filtering and refills, with the counts of every round."""
 
-    samples: int
-    lengths: list[int]
-    truncated: int
-    groups: int
-    all_correct: int
-    all_wrong: int
-    gen_s: float
-    score_s: float
+    batch: Rollouts | None                       # informative groups only (when filtering)
+    counts: SampleCounts = field(default_factory=SampleCounts)
+    rounds: int = 0
+    correct: list[torch.Tensor] = field(default_factory=list)
+    rewards: list[torch.Tensor] = field(default_factory=list)
+    kept_groups: int = 0
+    positions: torch.Tensor | None = None        # each sample's place in the one-process batch
+    first_round: Rollouts | None = None          # unfiltered: where the stored samples come from
+
+    def add_round(self, rollouts: Rollouts, counts: SampleCounts) -> None:
+        self.counts.add(counts)
+        self.correct.append(rollouts.correct)
+        self.rewards.append(rollouts.rewards)
 
 
-def _generate_round(run: Run, plan: StagePlan, step: int, rnd: int, k: int) -> tuple[Rollouts, RoundCounts]:
+def _generate_round(run: Run, plan: StagePlan, step: int, round_index: int, k: int) -> tuple[Rollouts, SampleCounts]:
     spec = run.spec
     # Every rank draws the same k prompts (the stream stays in step) and keeps its share:
     # whole prompts, so a group is never split across ranks.
@@ -62,7 +70,7 @@ def _generate_round(run: Run, plan: StagePlan, step: int, rnd: int, k: int) -> t
     if not idx:
         return _empty_round()
     prompts = [run.train_ids[i] for i in idx]
-    seed = mix_seed(spec.seed, step, rnd, distributed.rank()) if distributed.active() else mix_seed(spec.seed, step, rnd)
+    seed = mix_seed(spec.seed, step, round_index, distributed.rank()) if distributed.active() else mix_seed(spec.seed, step, round_index)
     sampling = SamplingConfig(n=plan.n, max_new_tokens=spec.rollout.max_new_tokens,
                               temperature=spec.rollout.temperature, top_p=spec.rollout.top_p, seed=seed)
     t = time.perf_counter()
@@ -80,7 +88,7 @@ def _generate_round(run: Run, plan: StagePlan, step: int, rnd: int, k: int) -> t
     correct = torch.tensor(scored.correct, dtype=torch.bool)
     rewards = torch.tensor(scored.rewards, dtype=torch.float32)
     solved, wrong = solve_fractions(correct, rewards, group)
-    counts = RoundCounts(samples=len(gen), lengths=[len(t) for t in gen.token_ids],
+    counts = SampleCounts(samples=len(gen), lengths=[len(t) for t in gen.token_ids],
                          truncated=sum(truncated), groups=int(solved.numel()),
                          all_correct=int((solved == 1).sum()), all_wrong=int(wrong.sum()),
                          gen_s=gen_s, score_s=score_s)
@@ -90,31 +98,18 @@ def _generate_round(run: Run, plan: StagePlan, step: int, rnd: int, k: int) -> t
     return rollouts, counts
 
 
-def _empty_round() -> tuple[Rollouts, RoundCounts]:
+def _empty_round() -> tuple[Rollouts, SampleCounts]:
     """A rank whose share of a small round is no prompt."""
     none = torch.zeros(0, dtype=torch.bool)
     return (Rollouts(prompt_ids=[], response_ids=[], engine_logprobs=[], group=torch.zeros(0, dtype=torch.long),
                      rewards=torch.zeros(0), truncated=none, correct=none),
-            RoundCounts(0, [], 0, 0, 0, 0, 0.0, 0.0))
-
-
-def _add(acc: Collected, rollouts: Rollouts, c: RoundCounts) -> None:
-    acc.samples += c.samples
-    acc.correct.append(rollouts.correct)
-    acc.rewards.append(rollouts.rewards)
-    acc.lengths += c.lengths
-    acc.truncated += c.truncated
-    acc.groups += c.groups
-    acc.all_correct += c.all_correct
-    acc.all_wrong += c.all_wrong
-    acc.gen_s += c.gen_s
-    acc.score_s += c.score_s
+            SampleCounts())
 
 
 def prompts_to_ask(deficit: int, keep_rate: float, max_oversample: float) -> int:
     """Prompts to generate for `deficit` missing groups at the running keep rate.
 
-    Asking only for the deficit fills ~88 % of the batch at a 41 % keep rate (PAPER.md's);
+    Asking only for the deficit fills ~88 % of the batch at a 41 % keep rate (the paper's at N = 16);
     asking deficit / keep_rate (capped at `max_oversample` x) fills it in about one round,
     as NeMo-RL's batch multiplier does.
     """
@@ -128,17 +123,19 @@ def collect(run: Run, plan: StagePlan, step: int) -> Collected:
     Kept groups beyond `prompts_per_step` are dropped (the batch shape stays the spec's);
     fewer than asked after the last round is reported as a shortfall, never hidden.
     """
-    acc = Collected(batch=None)
+    collected = Collected(batch=None)
     algo = run.spec.algo
     parts, have = [], 0
     kept_sizes = []  # samples this rank keeps from each round (0 too: the ranks' rounds align)
-    for rnd in range(algo.max_refill_rounds + 1):
+    for round_index in range(algo.max_refill_rounds + 1):
         deficit = plan.prompts_per_step - have
         ask = prompts_to_ask(deficit, run.keep_rate_running, algo.max_oversample) \
             if algo.dynamic_sampling else deficit
-        rollouts, counts = _generate_round(run, plan, step, rnd, ask)
-        _add(acc, rollouts, counts)
-        acc.rounds = rnd
+        rollouts, counts = _generate_round(run, plan, step, round_index, ask)
+        collected.add_round(rollouts, counts)
+        if round_index == 0:
+            collected.first_round = rollouts
+        collected.rounds = round_index
         if not algo.dynamic_sampling:
             parts, have, kept_sizes = [rollouts], plan.prompts_per_step, [len(rollouts)]
             break
@@ -164,10 +161,10 @@ def collect(run: Run, plan: StagePlan, step: int) -> Collected:
         have += min(sum(kept_by_rank), deficit)
         if have >= plan.prompts_per_step:
             break
-    acc.kept_groups = have
-    acc.batch = concat_rollouts(parts) if parts else None
-    acc.positions = one_process_positions(kept_sizes)
-    return acc
+    collected.kept_groups = have
+    collected.batch = concat_rollouts(parts) if parts else None
+    collected.positions = one_process_positions(kept_sizes)
+    return collected
 
 
 def one_process_positions(kept_sizes: list[int]) -> torch.Tensor | None:
@@ -184,7 +181,7 @@ def one_process_positions(kept_sizes: list[int]) -> torch.Tensor | None:
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
-def update(run: Run, batch: Rollouts, step: int, positions: torch.Tensor | None = None) -> dict[str, float]:
+def train_on_batch(run: Run, batch: Rollouts, step: int, positions: torch.Tensor | None = None) -> dict[str, float]:
     """Advantages, then `mini_batches` PPO updates over the batch (micro-batched backward).
 
     The batch is split into exactly min(mini_batches, len(batch)) mini-batches whose sizes
@@ -196,23 +193,23 @@ def update(run: Run, batch: Rollouts, step: int, positions: torch.Tensor | None 
     reduce = distributed.all_sum if distributed.active() else None
     batch.advantages = run.advantage_fn(batch.rewards, batch.group, token_weights, reduce)
     temp = spec.rollout.temperature
-    mbt, cd = run.micro_batch_tokens, run.compute_dtype
+    budget, dtype = run.micro_batch_tokens, run.compute_dtype
     cfg = run.update_cfg
-    sp = cfg.shared_prefix
+    shared = cfg.shared_prefix
     gen = torch.Generator().manual_seed(mix_seed(spec.seed, step, 7919))
     chunks = local_mini_batches(len(batch), algo.mini_batches, gen, positions)
     # One mini-batch: old log-probs = the current ones, taken inside the update (no extra pass).
     old = None if len(chunks) == 1 else sequence_logprobs(
-        run.policy, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd, shared_prefix=sp)
+        run.policy, batch.prompt_ids, batch.response_ids, temp, budget, compute_dtype=dtype, shared_prefix=shared)
     ref = None  # run.ref is None when kl_coef is 0: no reference pass
     if run.ref is not None:
-        ref = sequence_logprobs(run.ref, batch.prompt_ids, batch.response_ids, temp, mbt, compute_dtype=cd,
-                                shared_prefix=sp)
+        ref = sequence_logprobs(run.ref, batch.prompt_ids, batch.response_ids, temp, budget, compute_dtype=dtype,
+                                shared_prefix=shared)
     stats: list[dict[str, float]] = []
     for chunk in chunks:
         ids = chunk.tolist()
         s = ppo_update(run.policy, run.optimizer, batch.select(chunk), None if old is None else [old[i] for i in ids],
-                       None if ref is None else [ref[i] for i in ids], cfg, mbt)
+                       None if ref is None else [ref[i] for i in ids], cfg, budget)
         run.nonfinite_in_row = run.nonfinite_in_row + 1 if s["skipped"] else 0
         if run.nonfinite_in_row >= spec.optim.max_nonfinite_steps:
             raise NonFiniteError(
@@ -262,74 +259,86 @@ def _peak_mem_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _global_step_counts(acc: Collected, rewards: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
-    """Sums `acc`'s counts over ranks in place (generation and scoring times: the ranks'
+def _global_step_counts(collected: Collected, rewards: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
+    """Sums `collected`'s counts over ranks in place (generation and scoring times: the ranks'
     mean, they run side by side); returns the whole step's sample statistics."""
-    r = rewards.double()
-    (acc.samples, acc.truncated, acc.groups, acc.all_correct, acc.all_wrong, n, s, sq, c,
+    r, k = rewards.double(), collected.counts
+    (k.samples, k.truncated, k.groups, k.all_correct, k.all_wrong, n, s, sq, c,
      length_sum, gen_s, score_s) = distributed.all_sum_floats(
-        [acc.samples, acc.truncated, acc.groups, acc.all_correct, acc.all_wrong, len(r), float(r.sum()),
-         float((r * r).sum()), float(correct.sum()), sum(acc.lengths), acc.gen_s, acc.score_s])
-    acc.gen_s, acc.score_s = gen_s / distributed.world_size(), score_s / distributed.world_size()
+        [k.samples, k.truncated, k.groups, k.all_correct, k.all_wrong, len(r), float(r.sum()),
+         float((r * r).sum()), float(correct.sum()), sum(k.lengths), k.gen_s, k.score_s])
+    k.gen_s, k.score_s = gen_s / distributed.world_size(), score_s / distributed.world_size()
     mean = s / max(n, 1)
     return {"reward_mean": mean, "pass_rate": c / max(n, 1),
             "reward_std": max((sq - n * mean * mean) / (n - 1), 0.0) ** 0.5 if n > 1 else 0.0,
             "response_len_mean": length_sum / max(n, 1),
-            "response_len_max": max(distributed.all_gather_int(max(acc.lengths, default=0)))}
+            "response_len_max": max(distributed.all_gather_int(max(k.lengths, default=0)))}
+
+
+def _samples(run: Run, rollouts: Rollouts) -> list[dict]:
+    """The step's stored samples (`trainer.samples`), with the advantages over their round."""
+    lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.float32)
+    weights = lengths if run.spec.algo.advantage_whitening == "token" else None
+    advantages = run.advantage_fn(rollouts.rewards, rollouts.group, weights, None)
+    return step_samples(rollouts, advantages, run.tokenizer, run.spec.samples.per_step,
+                        run.spec.samples.max_chars)
 
 
 UPDATE_KEYS = ("loss", "pg_clipfrac_low", "pg_clipfrac_high", "kl", "entropy", "is_ratio_mean",
                "is_truncated_frac", "grad_norm", "skipped_updates", "mini_batch_updates")
 
 
-def run_step(run: Run, plan: StagePlan, step: int) -> dict[str, float | int | None]:
-    """Run 0-based global `step`; return its metrics (JOBSPEC.md names)."""
+def run_step(run: Run, plan: StagePlan, step: int,
+             on_samples: Callable[[list[dict]], None] | None = None) -> dict[str, float | int | None]:
+    """Run 0-based global `step`; return its metrics (docs/metrics.md names)."""
     t0 = time.perf_counter()
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
     lr = lr_at(run.plans, step, run.spec.optim.warmup_steps)
     for g in run.optimizer.param_groups:
         g["lr"] = lr
-    acc = collect(run, plan, step)
+    collected = collect(run, plan, step)
     run.stop_check()  # generation and scoring may have taken minutes
 
     t = time.perf_counter()
     upd: dict[str, float | None] = dict.fromkeys(UPDATE_KEYS)
-    if acc.batch is None:
-        acc.batch = _empty_round()[0]
+    if collected.batch is None:
+        collected.batch = _empty_round()[0]
     # Many ranks: all update or none (the update's collectives need every rank), even one
     # whose share of the kept groups is empty.
-    kept = int(distributed.all_sum_floats([len(acc.batch)])[0])
+    kept = int(distributed.all_sum_floats([len(collected.batch)])[0])
     updated = kept > 0
     if updated:  # else every prompt was filtered out: nothing to learn from this step
         run.policy.train()
-        upd = update(run, acc.batch, step, acc.positions)
+        upd = train_on_batch(run, collected.batch, step, collected.positions)
         run.policy.eval()
     train_s = time.perf_counter() - t
     sync_s = run.engine.sync_weights(run.policy) if updated else 0.0
+    if on_samples is not None and run.spec.samples.per_step and collected.first_round is not None:
+        on_samples(_samples(run, collected.first_round))
     step_s = time.perf_counter() - t0
 
-    rewards = torch.cat(acc.rewards)
-    correct = torch.cat(acc.correct).float()
+    rewards = torch.cat(collected.rewards)
+    correct = torch.cat(collected.correct).float()
     sample_stats = {
         "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
         "pass_rate": float(correct.mean()),
-        "response_len_mean": sum(acc.lengths) / len(acc.lengths), "response_len_max": max(acc.lengths),
-    } if not distributed.active() else _global_step_counts(acc, rewards, correct)  # all ranks' samples
+        "response_len_mean": sum(collected.counts.lengths) / len(collected.counts.lengths), "response_len_max": max(collected.counts.lengths),
+    } if not distributed.active() else _global_step_counts(collected, rewards, correct)  # all ranks' samples
     return {
         "stage": plan.index, "n": plan.n, "prompts": plan.prompts_per_step, "lr": lr,
         **sample_stats,
-        "frac_all_correct": acc.all_correct / max(acc.groups, 1),
-        "frac_all_wrong": acc.all_wrong / max(acc.groups, 1),
-        "keep_rate": kept / acc.samples, "refill_rounds": acc.rounds,
-        "kept_groups": acc.kept_groups,
-        "groups_shortfall": max(plan.prompts_per_step - acc.kept_groups, 0),
-        "underfilled": int(acc.kept_groups < plan.prompts_per_step),
+        "frac_all_correct": collected.counts.all_correct / max(collected.counts.groups, 1),
+        "frac_all_wrong": collected.counts.all_wrong / max(collected.counts.groups, 1),
+        "keep_rate": kept / collected.counts.samples, "refill_rounds": collected.rounds,
+        "kept_groups": collected.kept_groups,
+        "groups_shortfall": max(plan.prompts_per_step - collected.kept_groups, 0),
+        "underfilled": int(collected.kept_groups < plan.prompts_per_step),
         "keep_rate_running": run.keep_rate_running,
-        "truncated_frac": acc.truncated / acc.samples,
+        "truncated_frac": collected.counts.truncated / collected.counts.samples,
         **upd,
-        "weight_sync_s": sync_s, "gen_s": acc.gen_s, "score_s": acc.score_s, "train_s": train_s,
-        "step_s": step_s, "samples_per_s": acc.samples / step_s,
-        "tokens_per_s": sample_stats["response_len_mean"] * acc.samples / step_s, "peak_mem_mb": _peak_mem_mb(run.device),
-        "samples": acc.samples,
+        "weight_sync_s": sync_s, "gen_s": collected.counts.gen_s, "score_s": collected.counts.score_s, "train_s": train_s,
+        "step_s": step_s, "samples_per_s": collected.counts.samples / step_s,
+        "tokens_per_s": sample_stats["response_len_mean"] * collected.counts.samples / step_s, "peak_mem_mb": _peak_mem_mb(run.device),
+        "samples": collected.counts.samples,
     }

@@ -3,7 +3,7 @@
 torch defaults to one OpenMP thread per *physical* core of the machine, ignoring the CPU
 affinity mask and the container's cgroup quota. More threads than usable cores spin-wait
 against each other: on this project's 2 shared cores, 2 threads under load made steps 6-10x
-slower than 1 (issue 11). So the trainer sets the count itself, once, at the start of a run:
+slower than 1 (docs/results.md). So the trainer sets the count itself, once, at the start of a run:
 the fewest of the affinity mask's CPUs and the cgroup `cpu.max` quota (rounded up), unless
 `BRORL_TORCH_THREADS` says otherwise.
 """
@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 
 import torch
+
+from trainer.settings import trainer_settings
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +48,7 @@ def usable_cpus(cgroup: int | None = None) -> int:
 
 def threads_setting(env: dict[str, str] | None = None) -> int | None:
     """`BRORL_TORCH_THREADS` as a positive int, None when unset or empty; else a clear error."""
-    raw = (os.environ if env is None else env).get(ENV, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{ENV}={raw!r}: expected a positive whole number of threads")
-    return int(raw)
+    return trainer_settings(env).torch_threads
 
 
 def configure_threads(env: dict[str, str] | None = None) -> int:

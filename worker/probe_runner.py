@@ -19,7 +19,7 @@ from store import jobs, probes
 from store.db import session_scope
 from store.errors import Fenced
 from store.jobs import Claim
-from store.model_policy import model_path_problem
+from store.model_paths import model_path_problem
 from store.settings import Settings
 from trainer.probe_spec import ProbeSpec
 from trainer.spec import ModelSpec

@@ -40,7 +40,7 @@ from sqlalchemy.exc import OperationalError
 from store import artifacts, datasets, jobs
 from store.db import session_scope
 from store.errors import Fenced
-from store.model_policy import model_path_problem
+from store.model_paths import model_path_problem
 from store.models import Checkpoint, JobKind
 from store.settings import Settings, get_settings
 from trainer.checkpoints import format as ckpt_format
@@ -285,7 +285,8 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         state.fenced = True
 
     sink = DbSink(job_id, attempt, on_fenced=on_fenced, keep_last=spec.checkpoint.keep_last,
-                  retry_seconds=settings.lease_seconds, buffer_rows=settings.sink_buffer_rows)
+                  retry_seconds=settings.lease_seconds, buffer_rows=settings.sink_buffer_rows,
+                  max_sample_bytes=settings.max_sample_bytes_per_job)
     try:
         # Per attempt: a stale attempt can neither overwrite nor prune its successor's files.
         out_dir = artifacts.attempt_dir(settings, job_id, attempt)

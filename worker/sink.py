@@ -72,12 +72,13 @@ class DbSink:
                  on_fenced: Callable[[], None] | None = None,
                  uri_for: Callable[[Path], str] | None = None,
                  keep_last: int | None = None, retry_seconds: float = 0.0,
-                 buffer_rows: int = 10_000) -> None:
+                 buffer_rows: int = 10_000, max_sample_bytes: int = 50 * 2**20) -> None:
         self.job_id = job_id
         self.attempt = attempt
         self.keep_last = keep_last
         self.retry_seconds = retry_seconds
         self.buffer_rows = buffer_rows
+        self.max_sample_bytes = max_sample_bytes
         self._on_fenced = on_fenced or (lambda: None)
         self._uri_for = uri_for or (lambda path: str(Path(path).resolve()))
         self._pending: deque[tuple[Callable[..., Any], tuple, dict]] = deque()
@@ -171,6 +172,10 @@ class DbSink:
             log.info("job %s: event %s %s (not stored: unknown type)", self.job_id, type, data)
             return
         self._append(jobs.add_event, type, _jsonable(data), attempt=self.attempt)
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self._append(jobs.record_samples, self.attempt, int(step), [_jsonable(r) for r in rows],
+                     self.max_sample_bytes)
 
     def checkpoint(self, step: int, path: Path, nbytes: int, sha256: str) -> None:
         try:

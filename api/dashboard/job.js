@@ -80,6 +80,10 @@
     const errBox = document.getElementById("job-error");
     errBox.hidden = !job.error;
     errBox.textContent = job.error || "";
+    // The trainer's latest warning (a stall, a gamed reward, a few-prompts stage) stays in view.
+    const warnBox = document.getElementById("job-warning");
+    warnBox.hidden = !job.warning;
+    warnBox.textContent = job.warning ? `warning: ${job.warning}` : "";
     document.getElementById("cancel").hidden = TERMINAL.includes(job.status) || job.cancel_requested;
   }
 
@@ -102,6 +106,7 @@
       const body = document.querySelector("#events tbody");
       for (const e of page.data) {
         lastEvent = e.id;
+        if (e.type === "warning" && job) { job.warning = e.data.message; renderJob(); }
         const details = e.data.message || e.data.error || e.data.reason ||
           Object.entries(e.data).map(([k, x]) => `${k}=${typeof x === "number" ? fmt(x) : x}`).join(" ");
         body.append(el("tr", { class: `ev-${e.type}` }, el("td", { text: fmtTime(e.created_at) }),
@@ -203,9 +208,11 @@
     });
     document.getElementById("probe-newest").addEventListener("click", probeNewest);
     refreshSide();
+    const addSampleStep = SamplesTable(jobId);
     await Brorl.followMetrics(jobId, null, {
       metric: (row) => {
         rows.push(row);
+        addSampleStep(row.step);
         if (job && row.step > job.step) { job.step = row.step; renderJob(); }
         redraw();
       },

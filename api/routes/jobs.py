@@ -24,11 +24,11 @@ from sqlalchemy.orm import Session
 from store import datasets, jobs
 from store.errors import NotFound
 from store.models import Job, JobStatus
+from store.model_paths import model_path_problem
 from trainer.spec import JobSpec
 
 from api.deps import EnqueueDep, SessionDep, SettingsDep, TenantDep
 from api.errors import field_error
-from api.models_policy import check_model_path
 from api.quotas import job_quota_error
 from api.schemas import JobPublic, JobSummary, ListPublic
 
@@ -60,7 +60,8 @@ def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant
                enqueue: EnqueueDep, response: Response,
                idempotency_key: IdempotencyKey = None) -> JobPublic:
     """Submit a training job; 201 with the queued job."""
-    check_model_path(spec.model.path, settings)
+    if (problem := model_path_problem(spec.model.path, settings)) is not None:
+        raise field_error("model.path", problem)  # the worker checks the same rule again
     gpus = spec.resources.gpus_per_node
     if gpus not in settings.gpu_counts:
         # Each GPU count has its own queue; a count no worker serves would wait there for ever.

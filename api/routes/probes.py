@@ -18,13 +18,13 @@ from sqlalchemy.orm import Session
 
 from store import datasets, jobs, probes
 from store.errors import NotFound
+from store.model_paths import model_path_problem
 from store.models import Job, JobKind, JobStatus
 from trainer.probe_spec import ProbeSpec
 from trainer.spec import FieldError, ModelSpec
 
 from api.deps import EnqueueDep, SessionDep, SettingsDep, TenantDep
 from api.errors import field_error
-from api.models_policy import check_model_path
 from api.quotas import job_quota_error
 from api.schemas import EventPublic, JobSummary, ListPublic
 
@@ -65,8 +65,8 @@ def create_probe(spec: ProbeSpec, session: SessionDep, settings: SettingsDep, te
                  idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
                  ) -> ProbePublic:
     """Queue a probe; 201 with it. Its progress is in `step` / `total_steps` and its events."""
-    if isinstance(spec.model, ModelSpec):
-        check_model_path(spec.model.path, settings)
+    if isinstance(spec.model, ModelSpec) and (problem := model_path_problem(spec.model.path, settings)):
+        raise field_error("model.path", problem)
     over_quota = job_quota_error(session, settings, tenant.id)
     if spec.task is not None and spec.task.dataset is not None \
             and datasets.get_dataset(session, tenant.id, spec.task.dataset.id) is None:

@@ -1,4 +1,4 @@
-"""jobs.warning: the trainer's latest warning, shown in the job's status (issue 8).
+"""jobs.warning: the trainer's latest warning, shown in the job's status.
 
 Revision ID: 0002_job_warning
 Revises: 0001

@@ -221,4 +221,4 @@ def test_upload_validation_holds_one_line_at_a_time(tmp_path):
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert rows == 10 * 1024 * 1024 // len(line)
-    assert peak < 2 * 1024 * 1024, peak  # every row kept: ~100 MiB (issue 9 item 2)
+    assert peak < 2 * 1024 * 1024, peak  # every row kept: ~100 MiB

@@ -41,6 +41,8 @@ CASES = {
     "broaden max_n not above n": (
         make_spec(rollout={"schedule": [STAGE], "broaden": {"max_n": 4}}),
         "rollout.broaden.max_n", "no room above"),
+    "k1 as a KL loss": (make_spec(algo={"kl_estimator": "k1"}), "algo.kl_estimator",
+                        "averages to zero"),
     "broaden metric not evaluated": (
         make_spec(rollout={"schedule": [STAGE], "broaden": {"metric": "eval/pass@8"}}),
         "rollout.broaden.metric", "add 8 to eval.k"),

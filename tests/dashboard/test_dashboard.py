@@ -96,6 +96,25 @@ def test_x_axis_switch_rescales_every_chart(stack, jobs, page):
     assert 0 < float(page.get_attribute("#chart-memory", "data-xmax")) < 600
 
 
+def test_samples_table_shows_what_the_model_wrote_by_step_and_reward(stack, jobs, page):
+    page.goto(f"{stack.url}/jobs/{jobs['a']}")
+    expect(page.locator("#samples-note")).to_have_text("8 sample(s) at step 8", timeout=20_000)
+    with client(stack) as c:
+        api = c._json("GET", f"/v1/jobs/{jobs['a']}/samples?step=8")["data"]
+    shown = page.locator("#samples tbody tr")
+    assert shown.count() == len(api) == 8
+    assert shown.nth(0).locator("pre").nth(1).inner_text() == api[0]["completion"]
+    page.select_option("#samples-step", "1")
+    expect(page.locator("#samples-note")).to_contain_text("at step 1")
+    page.fill("#samples-threshold", "0.5")
+    page.select_option("#samples-filter", "high")
+    with client(stack) as c:
+        high = c._json("GET", f"/v1/jobs/{jobs['a']}/samples?step=1&min_reward=0.5")["data"]
+    expect(page.locator("#samples-note")).to_have_text(f"{len(high)} sample(s) at step 1")
+    rewards = [float(t) for t in page.locator("#samples tbody tr td:nth-child(2)").all_inner_texts()]
+    assert rewards == [r["reward"] for r in high] and all(r >= 0.5 for r in rewards)
+
+
 def test_list_shows_jobs_with_progress_and_filters(stack, jobs, page):
     page.goto(f"{stack.url}/")
     row = page.locator(f"tr[data-job='{jobs['a']}']")

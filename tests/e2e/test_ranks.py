@@ -1,4 +1,4 @@
-"""A job on 2 ranks through the whole service (issue 13): `brorl up` with BRORL_GPU_COUNTS=1,2,
+"""A job on 2 ranks through the whole service: `brorl up` with BRORL_GPU_COUNTS=1,2,
 the real trainer, torchrun and gloo on the CPU. The job succeeds with every metric step once
 and a checkpoint that downloads and loads; SIGKILL of one rank fails that attempt as a machine
 fault and the next attempt resumes from the checkpoint to success."""

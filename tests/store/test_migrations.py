@@ -10,7 +10,7 @@ from store import migrate
 from store.db import make_engine
 from store.models import Base
 
-TABLES = {"tenants", "api_keys", "jobs", "job_events", "metrics", "checkpoints", "datasets"}
+TABLES = {"tenants", "api_keys", "jobs", "job_events", "job_samples", "metrics", "checkpoints", "datasets"}
 
 
 def _tables(url: str) -> set[str]:

@@ -82,7 +82,7 @@ def test_zero_kept_groups_gives_no_batch_and_a_stall_reason():
     run, p = _run(keep=0, refills=2)
     acc = collect(run, p, 0)
     assert acc.batch is None and acc.kept_groups == 0 and acc.rounds == 2
-    assert acc.all_wrong == acc.groups > 0
+    assert acc.counts.all_wrong == acc.counts.groups > 0
     reason = stall_reason(run.spec, {"kept_groups": 0, "truncated_frac": 0.0})
     assert "dynamic sampling kept nothing" in reason
     assert "max_new_tokens" in stall_reason(run.spec, {"kept_groups": 0, "truncated_frac": 1.0})

@@ -1,4 +1,4 @@
-"""One job on 2 ranks (gloo, CPU) equals one process on the same batch (issue 13).
+"""One job on 2 ranks (gloo, CPU) equals one process on the same batch.
 
 The policy is sharded with FSDP2; each rank holds whole groups of uneven sizes and response
 lengths, so the ranks run different numbers of micro-batches (zero-weight passes keep FSDP's
@@ -57,7 +57,7 @@ def _batch(groups, seed=0) -> Rollouts:
 
 
 def _run(policy, spec: JobSpec) -> SimpleNamespace:
-    """The fields of trainer.run.Run that `trainer.step.update` reads."""
+    """The fields of trainer.run.Run that `trainer.step.train_on_batch` reads."""
     ref = copy.deepcopy(policy).eval().requires_grad_(False)
     return SimpleNamespace(spec=spec, advantage_fn=ADVANTAGES[spec.algo.advantage],
                            micro_batch_tokens=160, compute_dtype=torch.float32,
@@ -66,11 +66,11 @@ def _run(policy, spec: JobSpec) -> SimpleNamespace:
 
 
 def _update(run, batch) -> dict:
-    from trainer.step import update
+    from trainer.step import train_on_batch
 
     if run.optimizer is None:
         run.optimizer = torch.optim.AdamW(run.policy.parameters(), lr=1e-3, weight_decay=0.01)
-    return update(run, batch, step=3)
+    return train_on_batch(run, batch, step=3)
 
 
 def _local_batch(r: int, ws: int) -> Rollouts:
@@ -272,13 +272,13 @@ def _wide_run(policy):
 
 
 def _wide_step(run, p) -> dict:
-    from trainer.step import collect, update
+    from trainer.step import collect, train_on_batch
 
     acc = collect(run, p, 0)
     # SGD: the weights move by the (clipped) gradient itself; Adam's first step is ~lr * sign(g),
     # which turns rounding noise in a near-zero gradient into a whole step.
     run.optimizer = torch.optim.SGD(run.policy.parameters(), lr=0.1)
-    stats = update(run, acc.batch, 0, acc.positions)
+    stats = train_on_batch(run, acc.batch, 0, acc.positions)
     # On ranks: does this rank's part sit elsewhere than "rank 0's samples, then rank 1's"?
     sizes = distributed.all_gather_int(len(acc.batch))
     own = torch.arange(sum(sizes[:distributed.rank()]), sum(sizes[:distributed.rank() + 1]))

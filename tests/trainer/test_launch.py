@@ -96,3 +96,34 @@ def test_many_ranks_refuse_optimizers_fsdp_does_not_shard():
     JobSpec.model_validate(base)
     with pytest.raises(ValidationError, match="optim.optimizer_state"):
         JobSpec.model_validate({**base, "optim": {"optimizer_state": "8bit"}})
+
+
+def test_train_result_round_trips_through_its_json(tmp_path):
+    from trainer.result import TrainResult
+
+    done = TrainResult(steps_completed=3, stopped=False, last_eval={"eval/pass@1": 0.25},
+                       last_checkpoint=tmp_path / "step-3")
+    assert TrainResult.from_json(json.loads(json.dumps(done.to_json()))) == done
+    stopped = TrainResult.stopped_before_start()
+    assert TrainResult.from_json(stopped.to_json()) == stopped and stopped.last_checkpoint is None
+
+
+def test_the_launcher_and_the_loop_do_not_import_each_other():
+    """One entry point dispatches; neither side needs the other (no import cycle)."""
+    import subprocess
+    import sys
+
+    for module, other in (("trainer.dist.launch", "trainer.loop"), ("trainer.loop", "trainer.dist.launch")):
+        code = f"import sys, {module}; assert '{other}' not in sys.modules, '{module} imports {other}'"
+        subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_one_process_loop_refuses_a_many_rank_spec_outside_ranks(tmp_path):
+    from trainer.loop import train_in_process
+    from trainer.sink import NullSink
+    from trainer.spec import JobSpec
+
+    spec = JobSpec.model_validate({"name": "t", "task": {"reasoning_gym": {"name": "chain_sum"}},
+                                   "resources": {"gpus_per_node": 2}})
+    with pytest.raises(ValueError, match="gpus_per_node"):
+        train_in_process(spec, NullSink(), lambda: False, out_dir=tmp_path)

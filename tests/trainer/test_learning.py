@@ -3,7 +3,7 @@
 The demo spec is the one users run first (`make demo`, README), so this is the run whose
 outcome they see: a freshly built, warm-started model (chain_sum, one-digit sums and
 differences) trained by the BroRL recipe for 30 steps (n 16, then n 64). Measured on 2 shared CPU
-cores after issue 8's eval-leak fix (docs/results.md section 0; the warm start stops on training
+cores (docs/results.md section 0; the warm start stops on training
 questions, not on eval ones): eval pass@1 0.384, 0.457, 0.481, 0.479, 0.488, 0.494, 0.483 at
 steps 0, 5, ..., 30. An eval is 64 prompts x 16 samples with fixed sampling seeds, so an
 unchanged model scores the same and the sampling noise of one eval is about +-0.015: the test

@@ -128,3 +128,27 @@ def test_entropy_from_logits():
     p = logits.softmax(-1)
     torch.testing.assert_close(entropy_from_logits(logits), -(p * p.log()).sum(-1))
     assert float(entropy_from_logits(torch.zeros(7))) == pytest.approx(math.log(7))
+
+
+def test_k1_as_a_loss_has_zero_expected_gradient_where_k2_and_k3_pull_towards_the_reference():
+    """Why the spec refuses k1 with kl_coef > 0: the update differentiates the estimator at
+    tokens drawn from pi (their probabilities are not differentiated), and for k1 that gradient,
+    grad log pi, averages to zero; k2's and k3's point towards the reference."""
+    z = PI.log().clone().requires_grad_(True)
+
+    def expected_grad(fn):
+        logp = torch.log_softmax(z, -1)
+        (g,) = torch.autograd.grad((PI * fn(logp, REF.log())).sum(), z)
+        return g
+
+    assert expected_grad(kl_k1).abs().max() < 1e-12
+    true = PI * ((PI / REF).log() - KL_TRUE)  # d KL(pi || ref) / d logits
+    for fn in (kl_k2, kl_k3):
+        g = expected_grad(fn)
+        assert float((g * true).sum()) > 0.5 * float(true.norm() * g.norm())  # a descent direction for KL
+    from trainer.spec import JobSpec
+
+    base = {"name": "t", "task": {"reasoning_gym": {"name": "chain_sum"}}}
+    with pytest.raises(ValueError, match="algo.kl_estimator.*averages to zero"):
+        JobSpec.model_validate({**base, "algo": {"kl_estimator": "k1"}})
+    assert JobSpec.model_validate({**base, "algo": {"kl_estimator": "k1", "kl_coef": 0}}).algo.kl_coef == 0

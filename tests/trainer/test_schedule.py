@@ -18,7 +18,7 @@ def spec(rule="sqrt", warmup=0, batch="samples"):
 
 
 def test_paper_sqrt_rule():
-    # 512x16 -> 128x512 is 8x the samples: the lr grows sqrt(8) ~ 2.83x (PAPER.md).
+    # 512x16 -> 128x512 is 8x the samples: the lr grows sqrt(8) ~ 2.83x (the paper's rule).
     p = plan(spec())
     assert p[1].samples_per_step / p[0].samples_per_step == 8
     assert p[1].lr / p[0].lr == pytest.approx(math.sqrt(8))

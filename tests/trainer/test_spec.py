@@ -1,4 +1,4 @@
-"""The job spec: defaults as JOBSPEC.md, bounds refused with the field named."""
+"""The job spec: defaults as docs/jobspec.md lists them, bounds refused with the field named."""
 import json
 
 import pytest
@@ -22,8 +22,8 @@ def field_of(data) -> list[str]:
 def test_defaults_match_jobspec():
     s = make()
     assert s.spec_version == 1 and s.model.path == "builtin:tiny" and s.model.dtype == "auto"
-    # JOBSPEC.md's default engine is vllm; issue 3 asks for a per-device default: auto picks
-    # vllm on CUDA and hf on a CPU (trainer/engines/__init__.py: default_engine).
+    # The engine default depends on the device: auto picks vllm on CUDA and hf on a CPU
+    # (trainer/engines/__init__.py: default_engine).
     assert s.rollout.engine == "auto"
     assert [(x.n, x.prompts_per_step, x.steps) for x in s.rollout.schedule] == [(16, 64, 200), (512, 16, 100)]
     assert (s.optim.lr, s.optim.lr_scaling, s.optim.betas) == (1e-6, "sqrt", (0.9, 0.999))
@@ -90,7 +90,7 @@ def test_committed_json_schema_is_current():
     from pathlib import Path
 
     committed = json.loads((Path(__file__).parents[2] / "docs" / "jobspec.schema.json").read_text())
-    assert committed == json_schema(), "regenerate with: brorl schema -o docs/jobspec.schema.json"
+    assert committed == json_schema(), "regenerate with: make docs (or brorl schema -o docs/jobspec.schema.json)"
 
 
 def test_resources_defaults_bounds_and_one_node():

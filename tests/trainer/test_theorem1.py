@@ -1,4 +1,4 @@
-"""Theorem 1 (mass balance) and Lemma 2 of PAPER.md against an exact one-step softmax update.
+"""Theorem 1 (mass balance) and Lemma 2 of the paper (docs/algorithm.md) against an exact one-step softmax update.
 
 The logit step dz_j = (eta/N) p_j (R_j - S_R) is applied exactly to a 20-token vocabulary;
 the observed change of the correct mass Q_pos must match the theorem's first-order formula

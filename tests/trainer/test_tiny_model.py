@@ -6,7 +6,7 @@ import hashlib
 import pytest
 import torch
 
-from trainer.models.loading import tiny as tiny_model
+from trainer.models import tiny as tiny_model
 from trainer.models.tiny import VOCAB, build_tiny_model, encode, ensure_tiny_model
 
 PAIRS = [(f"What is {a} + {b}?\n", f"<answer>{a + b}</answer>") for a in range(5) for b in range(5)]

@@ -68,6 +68,16 @@ def test_metrics_schedule_and_events(full_run):
     assert [c[0] for c in sink.checkpoints] == [2, 4]
 
 
+def test_each_step_stores_its_highest_and_lowest_reward_samples(full_run):
+    _, sink, _ = full_run
+    assert sorted(sink.samples_by_step) == [1, 2, 3, 4]
+    for step, rows in sink.samples_by_step.items():
+        assert len(rows) == 8, step  # samples.per_step's default
+        rewards = [r["reward"] for r in rows]
+        assert rewards[:4] == sorted(rewards[:4], reverse=True) and max(rewards) == rewards[0]
+        assert all(r["prompt"] and isinstance(r["completion"], str) for r in rows)
+
+
 def test_updates_happened_and_reference_reset_keeps_optimizer_state(full_run):
     import torch
 

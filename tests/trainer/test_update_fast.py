@@ -1,5 +1,5 @@
 """The fast update (shared prompt prefix, no separate old-log-prob pass) against the plain one:
-same loss, statistics and gradients on the same batch, to float tolerance (issue 11)."""
+same loss, statistics and gradients on the same batch, to float tolerance."""
 import copy
 
 import pytest

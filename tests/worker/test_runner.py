@@ -319,7 +319,7 @@ def test_cancel_stops_builtin_tiny_during_its_warm_start(tenant_id, data_dir, mo
 
 def test_worker_rechecks_model_path_against_allowed_roots(tenant_id, tmp_path, monkeypatch):
     """A spec stored before the operator narrowed BRORL_MODEL_ROOTS (or never through the API)
-    fails with a message naming model.path, and the trainer never starts (issue 9 item 7)."""
+    fails with a message naming model.path, and the trainer never starts."""
     from store.settings import reset_settings_cache
     from tests.worker.conftest import make_spec
 

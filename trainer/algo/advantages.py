@@ -4,9 +4,9 @@ A group is one prompt's N rollouts; `group` is a [S] long tensor of prompt indic
 order, need not be contiguous). Everything is vectorised with `index_add_` so that the cost
 does not depend on Python loops over samples (N = 512 x 128 prompts is the normal case).
 
-Variants (ARCHITECTURE.md rule 3), picked once by name from `ADVANTAGES`:
-- `reinforce_pp_baseline` (PAPER.md default): A = R - mean(R over the group), then whitened
-  over the whole global batch. No per-group std division.
+Variants are small functions picked once by name from `ADVANTAGES`, never an `if` ladder:
+- `reinforce_pp_baseline` (the paper's default, docs/algorithm.md): A = R - mean(R over the
+  group), then whitened over the whole global batch. No per-group std division.
 - `grpo`: A = (R - group mean) / (group std + eps).
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def whiten(x: torch.Tensor, eps: float = 1e-6, weights: torch.Tensor | None = No
     otherwise turn an all-equal batch into O(1) advantages. With `weights` (each sample's
     response length) mean and std are over tokens, as OpenRLHF's `reinforce_baseline`:
     every token, not every sample, then has zero-mean unit-variance advantage.
-    `reduce` sums a tensor of partial sums over ranks (trainer/distributed.all_sum) when the
+    `reduce` sums a tensor of partial sums over ranks (trainer.dist.collectives.all_sum) when the
     batch is split across processes; the moments are then the whole batch's.
     """
     reduce = reduce or (lambda t: t)
@@ -69,7 +69,7 @@ def whiten(x: torch.Tensor, eps: float = 1e-6, weights: torch.Tensor | None = No
 
 def reinforce_pp_baseline(rewards: torch.Tensor, group: torch.Tensor,
                           token_weights: torch.Tensor | None = None, reduce=None) -> torch.Tensor:
-    """PAPER.md's default: group-mean baseline, then whitening over the global batch
+    """The paper's default: group-mean baseline, then whitening over the global batch
     (over samples, or over tokens when `token_weights` holds the response lengths; over
     every rank's samples with `reduce`, see `whiten`)."""
     return whiten(group_baseline(rewards, group), weights=token_weights, reduce=reduce)

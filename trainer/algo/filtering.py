@@ -1,4 +1,4 @@
-"""Dynamic sampling (PAPER.md): drop prompts whose rollouts carry no learning signal.
+"""Dynamic sampling (docs/algorithm.md): drop prompts whose rollouts carry no learning signal.
 
 A group whose N rewards are all equal (all correct, all wrong, or, with score rewards, any
 constant) has zero advantage for every sample under a group baseline, so it only dilutes

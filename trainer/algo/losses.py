@@ -4,7 +4,7 @@ All tensors are [B, T] over response tokens, right-padded, with a `mask` (float 
 valid tokens; padded positions may hold anything and are removed by the mask. Functions
 return per-token values; aggregation is `token_sum`, which the update divides by the number
 of valid tokens of the WHOLE mini-batch (not of the micro-batch) so that micro-batch losses
-add up exactly to the mini-batch loss (PAPER.md: token-level aggregation).
+add up exactly to the mini-batch loss (the recipe's token-level aggregation, docs/algorithm.md).
 
 Variants are picked once by name (`KL_ESTIMATORS`), never switched inside the step.
 """
@@ -34,7 +34,7 @@ def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k2 = 0.5 (log pi - log ref)^2 (PAPER.md recipe)."""
+    """k2 = 0.5 (log pi - log ref)^2 (the recipe's estimator)."""
     return 0.5 * _log_ratio(logp, ref_logp).pow(2)
 
 

@@ -1,7 +1,7 @@
 """The broadening schedule: stages of (n, prompts_per_step, steps) and the LR rule.
 
 Each stage's learning rate is `optim.lr * f(B / B0)` where B = prompts x n is the stage's
-samples per step and B0 the first stage's (PAPER.md: square-root scaling, eta0*sqrt(B/B0)); by
+samples per step and B0 the first stage's (the paper: square-root scaling, eta0*sqrt(B/B0)); by
 default (`optim.lr_batch: prompts_capped`) B/B0 is capped at the growth of prompts per step.
 Pure Python: `brorl schedule` and the API use it without torch.
 """
@@ -35,9 +35,9 @@ def scaled_lr(base_lr: float, samples: int, base_samples: int, rule: str,
 
 def stage_lr(spec: JobSpec, samples: int, prompts: int) -> float:
     """A stage's lr under the spec's rule (optim.lr_scaling, optim.lr_batch) against stage 0."""
-    first, o = spec.rollout.schedule[0], spec.optim
-    capped = o.lr_batch == "prompts_capped"
-    return scaled_lr(o.lr, samples, first.samples_per_step, o.lr_scaling,
+    first, optim = spec.rollout.schedule[0], spec.optim
+    capped = optim.lr_batch == "prompts_capped"
+    return scaled_lr(optim.lr, samples, first.samples_per_step, optim.lr_scaling,
                      prompts if capped else None, first.prompts_per_step if capped else None)
 
 

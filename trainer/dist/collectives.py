@@ -1,4 +1,4 @@
-"""One job on many ranks: torch.distributed plumbing for the update (issue 13).
+"""One job on many ranks: torch.distributed plumbing for the update (docs/many-gpus.md).
 
 Started by torchrun (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT in the environment):
 gloo on a CPU, nccl on CUDA. Every helper here is the identity in a single process, so the

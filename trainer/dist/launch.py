@@ -1,4 +1,4 @@
-"""One job on G ranks of this node: `torchrun` starts `trainer.dist.rank_main` G times (issue 13).
+"""One job on G ranks of this node: `torchrun` starts `trainer.dist.rank_main` G times.
 
 The calling process (the Celery worker, or `brorl train --nproc`) keeps the job: its lease,
 heartbeat and cancel stay here. It talks to the ranks through files in `<out_dir>/ranks/`:
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainer.result import TrainResult
+from trainer.settings import trainer_settings
 from trainer.sink import MetricsSink, replay
 from trainer.spec import JobSpec
 
@@ -54,7 +55,7 @@ class RankError(RuntimeError):
 
 
 def stop_grace_s() -> float:
-    return float(os.environ.get("BRORL_RANK_STOP_GRACE_S", "120"))
+    return trainer_settings().rank_stop_grace_s
 
 
 class _Relay:

@@ -35,11 +35,11 @@ def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *
     if kind == "hf":
         from trainer.engines.hf_engine import HFEngine
 
-        from trainer.models.loading import _DTYPES
+        from trainer.models.loading import DTYPES
 
         # The HF engine runs the trainer's float32 master weights under the compute dtype's
         # autocast: the same bf16 numerics the trainer's forwards use.
-        return HFEngine(model, tokenizer, seed=seed, compute_dtype=_DTYPES[dtype])
+        return HFEngine(model, tokenizer, seed=seed, compute_dtype=DTYPES[dtype])
     if kind == "vllm":
         from trainer.engines.vllm_engine import VLLMEngine, size_max_num_seqs
 
@@ -55,7 +55,7 @@ def default_engine(device: torch.device) -> str:
     """`rollout.engine: auto`: vLLM on CUDA; the HF engine on a CPU.
 
     On a CPU the HF engine measured as fast as vLLM-CPU on builtin:tiny and 1.3-4x faster on a
-    25 M-parameter model (bench/rollouts.py, README "Evidence"), starts instantly and needs no
+    25 M-parameter model (bench/rollouts.py, docs/results.md section 2), starts instantly and needs no
     weight sync; on a GPU vLLM's paged attention and continuous batching are the point.
     """
     if device.type == "cuda":

@@ -5,8 +5,9 @@ In-process (no engine subprocess) because weight sync needs the worker's model o
 
 Sizing (from the step's shape, decided by the caller through `max_num_seqs`):
 - `max_num_seqs`: how many sequences are decoded together; `size_max_num_seqs` gives
-  min(prompts x n, 1024). More than ~512 at once buys nothing on CPU (ENVIRONMENT.md: N = 128
-  and N = 512 ran at the same rate) and only grows the KV cache; vLLM queues the rest.
+  min(prompts x n, 1024). More than ~512 at once buys nothing on CPU (measured on 2 cores:
+  N = 128 and N = 512 ran at the same rate, ~550 samples/s on builtin:tiny) and only grows the
+  KV cache; vLLM queues the rest.
 - KV cache: `kv_cache_bytes` = bytes per token x max_model_len x max_num_seqs x 1.1, i.e.
   every running sequence can reach full length without preemption; capped at a quarter of
   free RAM (CPU) or 30 % of free GPU memory (the trainer shares the device), floored at one
@@ -42,6 +43,7 @@ import torch  # noqa: E402
 from trainer.dist.collectives import full_state_dict  # noqa: E402
 from trainer.engines.base import (WeightSyncError, logprob_tolerance, probe_tokens,  # noqa: E402
                                   trainer_token_logprobs)
+from trainer.models.loading import DTYPES  # noqa: E402
 from trainer.rollouts import Generation, SamplingConfig  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,6 @@ def check_vllm_version(version: str) -> None:
             f"vLLM {version} is not supported: the trainer's weight sync uses vLLM internals "
             f"checked on {SUPPORTED_VLLM_SERIES}x only; install vllm=={SUPPORTED_VLLM_SERIES}* "
             f"(pip install -c constraints.txt '.[gpu]') or use rollout.engine: hf")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def size_max_num_seqs(samples_per_step: int, cap: int = MAX_NUM_SEQS_CAP) -> int:
@@ -77,7 +78,7 @@ def kv_cache_bytes(model_dir: Path, dtype: str, max_model_len: int, max_num_seqs
     heads = cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * _DTYPES[dtype].itemsize
+    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * DTYPES[dtype].itemsize
     need = int(per_token * max_model_len * max_num_seqs * 1.1)
     if torch.cuda.is_available():
         cap = int(0.30 * torch.cuda.mem_get_info()[0])
@@ -122,7 +123,7 @@ class VLLMEngine:
         self._loader = None  # the sync path that worked, once known
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         self.probe = probe_tokens(vocab, probe_len)
-        disk = _disk_fingerprint(self.model_dir, _DTYPES[dtype])
+        disk = _disk_fingerprint(self.model_dir, DTYPES[dtype])
         self.fingerprint_check = disk is not None and _close(disk, self._engine_fingerprint())
         if not self.fingerprint_check:
             # Expected on vLLM-CPU, which repacks linear weights into its own kernel layout.
@@ -183,7 +184,7 @@ class VLLMEngine:
         """Load `model`'s weights into the engine, reset the prefix cache, verify."""
         t0 = time.perf_counter()
         # The trainer's float32 master weights go over in the engine's dtype (bf16 on a GPU).
-        state = {k: v.detach().to(_DTYPES[self.dtype]) for k, v in full_state_dict(model).items()}
+        state = {k: v.detach().to(DTYPES[self.dtype]) for k, v in full_state_dict(model).items()}
         self._load(state)
         self.llm.reset_prefix_cache()
         self.verify(model)
@@ -192,7 +193,7 @@ class VLLMEngine:
     def verify(self, model: torch.nn.Module) -> float:
         """Raise `WeightSyncError` unless the engine holds `model`'s weights; returns the probe diff."""
         if self.fingerprint_check:
-            mine = _module_fingerprint(model, _DTYPES[self.dtype])
+            mine = _module_fingerprint(model, DTYPES[self.dtype])
             theirs = self._engine_fingerprint()
             if not _close(mine, theirs):
                 raise WeightSyncError(

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Every dtype name a spec or an engine may use, and its torch dtype.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device() -> torch.device:
@@ -30,7 +31,7 @@ def resolve_dtype(dtype: str, device: torch.device | str) -> str:
 
 def compute_dtype(dtype: str, device: torch.device | str) -> torch.dtype:
     """The torch dtype forwards run in (under autocast when it is not float32)."""
-    return _DTYPES[resolve_dtype(dtype, device)]
+    return DTYPES[resolve_dtype(dtype, device)]
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
@@ -68,7 +69,7 @@ def load_policy(path_or_dir: str | Path, dtype: str = "auto",
     tokenizer = AutoTokenizer.from_pretrained(str(path_or_dir))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(path_or_dir), dtype=_DTYPES[name])
+    model = AutoModelForCausalLM.from_pretrained(str(path_or_dir), dtype=DTYPES[name])
     model.to(device)
     disable_dropout(model)
     if gradient_checkpointing:

@@ -75,7 +75,7 @@ def _byte_alphabet(byte_level) -> list[str]:
 def build_tokenizer():
     """The character-level tokenizer: one token per character, no BOS, `<eos>` ends a reply.
 
-    Simplification vs a plain WordLevel/Split/Fuse tokenizer (ENVIRONMENT.md): transformers
+    Simplification vs a plain WordLevel/Split/Fuse tokenizer wrapped in PreTrainedTokenizerFast: transformers
     5.19's AutoTokenizer always loads a `model_type: qwen2` folder as `Qwen2Tokenizer`, which
     rebuilds a byte-level BPE from the saved vocabulary, so a plain character vocabulary loses
     its spaces and newlines on reload. The vocabulary is therefore stored in byte-level form

@@ -1,6 +1,6 @@
 """The model-facing half of the objective: log-probs and the micro-batched PPO update.
 
-Large N is the normal case (ARCHITECTURE.md rule 4): a mini-batch of 512 x 128 / 4 samples
+Large N is the normal case, not an option: a mini-batch of 512 x 128 / 4 samples
 never goes through the model at once. Samples are packed into micro-batches of at most
 `max_tokens` padded tokens; each micro-batch runs forward and backward on its own, with its
 loss divided by the valid-token count of the WHOLE mini-batch, so the accumulated gradient
@@ -186,13 +186,32 @@ def uses_shared_prefix(model, prompt_ids, enabled: bool = True) -> bool:
     return len({tuple(p) for p in prompt_ids}) < len(prompt_ids)
 
 
-def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int) -> list[list[int]]:
+def attention_window(model) -> int | None:
+    """The narrowest local attention span (sliding window, attention chunk) any layer of
+    `model` uses, or None when every layer attends to the whole sequence."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    types = getattr(cfg, "layer_types", None)
+    if types is not None and not any(t in ("sliding_attention", "chunked_attention") for t in types):
+        return None
+    spans = [s for s in (getattr(cfg, "sliding_window", None), getattr(cfg, "attention_chunk_size", None)) if s]
+    return min(spans) if spans else None
+
+
+def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int,
+                         window: int | None = None) -> list[list[int]]:
     """Sample indices in chunks for the shared-prefix forward, each computing at most
     `max_tokens` tokens: distinct prompts x their longest + samples x the longest response.
 
     Longest prompts first (similar lengths share a chunk), and within a group the longest
     responses first (little response padding). A group over the budget is split; each part
     runs its prompt once. A single sample over the budget gets a chunk of its own.
+
+    `window` (a sliding-window or chunked-attention model, `attention_window`): the window
+    counts cache slots, and a prompt shorter than the chunk's longest is followed by padding
+    slots before its responses, which would push its own tokens out of their window. So a
+    chunk holds prompts of one length only, unless its longest prompt plus longest response
+    fits in the window (then nothing can fall out of it).
     """
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(prompt_ids):
@@ -204,7 +223,9 @@ def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int) -> list[list
     for key, members in sorted(groups.items(), key=lambda kv: -len(kv[0])):
         for i in sorted(members, key=lambda i: -len(response_ids[i])):
             p2, r2 = max(pmax, len(key)), max(rmax, len(response_ids[i]))
-            if cur and (len(seen) + (key not in seen)) * p2 + (len(cur) + 1) * r2 > max_tokens:
+            fits = (len(seen) + (key not in seen)) * p2 + (len(cur) + 1) * r2 <= max_tokens
+            local_ok = window is None or len(key) == pmax or p2 + r2 <= window
+            if cur and not (fits and local_ok):
                 chunks.append(cur)
                 cur, seen, p2, r2 = [], set(), len(key), len(response_ids[i])
             cur.append(i)
@@ -259,7 +280,7 @@ def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int], tempe
 def _chunks(model, prompt_ids, response_ids, max_tokens: int, shared: bool) -> tuple[list[list[int]], bool]:
     """The micro-batches and whether they run through the shared-prefix forward."""
     if uses_shared_prefix(model, prompt_ids, shared):
-        return prefix_micro_batches(prompt_ids, response_ids, max_tokens), True
+        return prefix_micro_batches(prompt_ids, response_ids, max_tokens, attention_window(model)), True
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
     return micro_batches(lengths, max_tokens), False
 
@@ -372,6 +393,13 @@ def _clip_grad_norm(params: list, max_norm: float | None) -> float:
     return float(total)
 
 
+def _grad_params(model, optimizer) -> list:
+    """The tensors whose `.grad` hold the mini-batch's gradient: the model's parameters, or an
+    optimizer's own float32 copies where it sums micro-batches there (trainer/optim/offload.py)."""
+    own = getattr(optimizer, "grad_params", None)
+    return own() if own is not None else [p for p in model.parameters() if p.grad is not None]
+
+
 def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
                cfg: UpdateConfig, max_tokens: int) -> dict[str, float]:
     """One PPO optimizer step on a mini-batch, micro-batched; returns the step's statistics.
@@ -405,7 +433,7 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     if distributed.active():
         totals = dict(zip(STAT_KEYS, distributed.all_sum_floats([totals[k] for k in STAT_KEYS])))
 
-    grad_norm = _clip_grad_norm([p for p in model.parameters() if p.grad is not None], cfg.grad_clip)
+    grad_norm = _clip_grad_norm(_grad_params(model, optimizer), cfg.grad_clip)
     finite = math.isfinite(totals["loss"]) and math.isfinite(grad_norm)
     if finite:
         optimizer.step()

@@ -51,7 +51,7 @@ PAPER_INITIAL_Q_POS = 0.6296
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Everything one simulation sweep depends on; defaults are the paper's (PAPER.md)."""
+    """Everything one simulation sweep depends on; defaults are the paper's (docs/simulation.md)."""
 
     d: int = 128_000  # vocabulary size
     n_correct: int = 10_000  # tokens with reward R_c

@@ -1,4 +1,4 @@
-"""The paper's one-step token-level theory (PAPER.md section "The theory", BroRL sec. 2).
+"""The paper's one-step token-level theory (BroRL section 2; docs/algorithm.md, "The theory").
 
 Setting: vocabulary logits z, p = softmax(z); a correct set P; N tokens drawn. Each DISTINCT
 sampled token gets reward R_c (correct) or R_w (wrong); unsampled tokens get 0. The logit

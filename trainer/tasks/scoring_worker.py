@@ -33,8 +33,8 @@ def _callable_verifier(options: dict[str, Any]) -> Verifier:
 
 
 BUILDERS: dict[str, Callable[[dict[str, Any]], Verifier]] = {
-    "reasoning_gym": lambda o: _import("trainer.tasks.reasoning_gym_task:make_verifier")(o),
-    "dataset": lambda o: _import("trainer.tasks.dataset_task:make_verifier")(o),
+    "reasoning_gym": lambda options: _import("trainer.tasks.reasoning_gym_task:make_verifier")(options),
+    "dataset": lambda options: _import("trainer.tasks.dataset_task:make_verifier")(options),
     "callable": _callable_verifier,
 }
 

@@ -4,7 +4,7 @@
 Without this, a spec could name any path on the worker (and learn which exist from the error
 messages) or make workers download anything from the hub. Roots come from
 `BRORL_MODEL_ROOTS` (os.pathsep-separated), hub ids need `BRORL_ALLOW_HUB_MODELS=true`.
-The API checks at submission (a 422, `api.models_policy`); the worker checks again before it
+The API checks at submission (a 422 on `model.path`, `api.routes.jobs`); the worker checks again before it
 loads the model (`worker.runner`), because a stored spec or changed roots must not bypass it.
 """
 
@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 
 from store.settings import Settings
+from trainer.spec import TINY_MODEL
 
-BUILTIN = "builtin:tiny"
 # owner/name as the hub spells it; no "..", no leading dot or slash.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
 
@@ -37,7 +37,7 @@ def _under_roots(path: str, roots: list[Path]) -> bool:
 
 def model_path_problem(path: str, settings: Settings) -> str | None:
     """Why this deployment does not let tenants use `path` as `model.path`; None if it does."""
-    if path == BUILTIN:
+    if path == TINY_MODEL:
         return None
     if _is_local(path):
         if not path.startswith(("/", "~")):

@@ -3,8 +3,8 @@
 A probe shares the job row and its state machine (claim, heartbeat, fencing, cancel, reaper)
 instead of a table of its own; existing rows are training jobs.
 
-Revision ID: 0003_job_kind_result
-Revises: 0002_job_warning
+Revision ID: 0004_job_kind_result
+Revises: 0003_job_samples
 Create Date: 2026-12-06
 """
 
@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0003_job_kind_result"
-down_revision: str | None = "0002_job_warning"
+revision: str = "0004_job_kind_result"
+down_revision: str | None = "0003_job_samples"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,45 @@
+"""The environment variables the trainer reads on its own, in one place.
+
+Everything else a run needs comes from the job spec; these three are the machine's business
+(how many threads, where to cache built models, how long ranks get to stop), set by the
+operator. Read fresh on each call, so a test or a worker can change them between runs.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PREFIX = "BRORL_"
+
+
+class TrainerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore")
+
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: usable CPUs)")
+    cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "brorl",
+                            description="where builtin:tiny and other built models are cached")
+    rank_stop_grace_s: float = Field(120.0, gt=0, description="seconds ranks get to stop before a kill")
+
+    @field_validator("torch_threads", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+
+def trainer_settings(env: Mapping[str, str] | None = None) -> TrainerSettings:
+    """The settings from the process environment, or from `env` (tests); a bad value is a
+    ValueError naming its variable."""
+    try:
+        if env is None:
+            return TrainerSettings()
+        fields = TrainerSettings.model_fields
+        values = {k[len(PREFIX):].lower(): v for k, v in env.items()
+                  if k.startswith(PREFIX) and k[len(PREFIX):].lower() in fields}
+        return TrainerSettings(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = PREFIX + str(err["loc"][0]).upper()
+        raise ValueError(f"{name}={err.get('input')!r}: {err['msg']}") from None
