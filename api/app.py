@@ -30,7 +30,7 @@ from api.quotas import StreamSlots
 from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
 from api.ratelimit import RateLimitMiddleware
 from api.task_probe import TaskProbe
-from api.routes import checkpoints, datasets, events_metrics, graders, health, jobs, samples
+from api.routes import checkpoints, datasets, events_metrics, graders, health, jobs, probes, samples
 from api.web import install_dashboard
 
 API_VERSION = "1.0.0"
@@ -46,7 +46,7 @@ Errors always look like `{"error": {"type", "message", "field"?}}`.
 
 def _v1_router() -> APIRouter:
     v1 = APIRouter(prefix="/v1")
-    for module in (jobs, events_metrics, samples, checkpoints, datasets, graders):
+    for module in (jobs, events_metrics, samples, checkpoints, datasets, graders, probes):
         v1.include_router(module.router)
     return v1
 

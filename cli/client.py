@@ -169,6 +169,17 @@ class BrorlClient:
                 raise TimeoutError(f"job {job_id} still {job['status']} after {timeout}s")
             time.sleep(poll)
 
+    # ------------------------------------------------------------------ probes
+
+    def create_probe(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/v1/probes", json=body)
+
+    def get_probe(self, probe_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/probes/{probe_id}")
+
+    def cancel_probe(self, probe_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/v1/probes/{probe_id}/cancel")
+
     def events(self, job_id: str, after: int | str | None = None) -> dict[str, Any]:
         params = {"after": after} if after is not None else {}
         return self._json("GET", f"/v1/jobs/{job_id}/events", params=params)

@@ -129,12 +129,39 @@ def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None
     prev, new = stage_for_step(run.plans, step - 1), plans[-1]
     reason = (f"{b.metric} did not rise by {b.min_delta} over {b.patience} evaluations "
               f"(best {run.plateau.best:.4f}, now {values[b.metric]:.4f})")
+    extra = {}
+    if b.trigger == "probe":
+        figures = _probe_current(run, step, prev.n)
+        extra = {"probe": figures}
+        if (figures["solvable_all_wrong"] or 0.0) < b.min_solvable:
+            # Nothing a wider batch would find: stay, and look again after `patience` evaluations.
+            run.plateau.since = 0
+            sink.event("broaden_skipped", {"step": step, "reason": reason, "n": prev.n,
+                                           "min_solvable": b.min_solvable, "probe": figures})
+            log.info("plateau at step %d, but the probe found %.3f solvable all-wrong prompts at n %d "
+                     "(< %.3f): not broadening", step, figures["solvable_all_wrong"] or 0.0, prev.n,
+                     b.min_solvable)
+            return
+        reason += (f"; the probe found {figures['solvable_all_wrong']:.3f} of prompts all-wrong at "
+                   f"n {prev.n} yet solved within {figures['n']} (>= {b.min_solvable})")
     run.plans = plans
     run.state.broaden_starts = [*run.state.broaden_starts, step]
     run.plateau.best, run.plateau.since = values[b.metric], 0  # the new stage gets `patience` evals
     sink.event("broadened", {"step": step, "reason": reason, "from_n": prev.n, "n": new.n,
-                             "prompts_per_step": new.prompts_per_step, "lr": new.lr, "stage": new.index})
+                             "prompts_per_step": new.prompts_per_step, "lr": new.lr, "stage": new.index,
+                             **extra})
     log.info("broadened at step %d: n %d -> %d (%s)", step, prev.n, new.n, reason)
+
+
+def _probe_current(run: Run, step: int, at_n: int) -> dict:
+    """`rollout.broaden.trigger: probe`: probe the current policy on the eval prompts."""
+    from trainer.probe import probe_policy
+
+    b = run.spec.rollout.broaden
+    ctx = EvalContext(run.engine, run.tokenizer, run.scorer, run.task.eval, run.eval_ids)
+    figures = probe_policy(ctx, run.spec, b.probe_n, b.probe_prompts, at_n, run.stop_check,
+                           seed=mix_seed(run.spec.seed, 15485863, step))
+    return distributed.from_rank0(figures)
 
 
 def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool],

@@ -152,6 +152,13 @@ def prepare_tiny_model(spec: JobSpec, dataset_path: Path | None, stop_check: Cal
         scorer.close()
 
 
+def model_dir_for(spec: JobSpec, task: Task, scorer: Scorer,
+                  stop_check: Callable[[], None] = never) -> Path:
+    """The folder the spec's model loads from: builtin:tiny is warm-started (or found in the
+    cache) here, with `scorer` scoring its stopping probe; any other path is used as it is."""
+    return _tiny_model_dir(spec, task, scorer, stop_check) if spec.model.path == TINY_MODEL else Path(spec.model.path)
+
+
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
     # A chat template already adds the special tokens it wants.
     special = not getattr(tokenizer, "chat_template", None)
@@ -168,7 +175,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     task = build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
     scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
     try:
-        model_dir = _tiny_model_dir(spec, task, scorer, stop_check) if spec.model.path == TINY_MODEL else Path(spec.model.path)
+        model_dir = model_dir_for(spec, task, scorer, stop_check)
     except BaseException:  # a stop during the warm start: the scorer's processes go too
         scorer.close()
         raise

@@ -255,6 +255,15 @@ class BroadenSpec(_Frozen):
     min_prompts: int = Field(
         8, ge=1, le=8192, description="keep_samples never goes below this many prompts per step: "
         "fewer prompts per update lost what the narrow stage learned (docs/results.md, section 6).")
+    trigger: Literal["plateau", "probe"] = Field(
+        "plateau", description="plateau: broaden at every plateau. probe: at a plateau, first probe the "
+        "current policy (probe_n samples on probe_prompts eval prompts) and broaden only when the share "
+        "of prompts all-wrong at the stage's n yet solved within probe_n is at least min_solvable "
+        "(docs/probe.md); otherwise wait `patience` more evaluations and look again.")
+    probe_n: int = Field(256, ge=4, le=4096, description="trigger probe: samples per prompt (>= max_n).")
+    probe_prompts: int = Field(32, ge=1, le=1024, description="trigger probe: eval prompts probed.")
+    min_solvable: float = Field(0.10, ge=0, le=1, description="trigger probe: the solvable all-wrong share "
+                                "that justifies broadening (the probe rule's WATCH_MIN).")
 
 
 class RolloutSpec(_Frozen):
@@ -543,6 +552,9 @@ class JobSpec(_Frozen):
         if b.max_n <= first.n:
             raise FieldError("rollout.broaden.max_n", f"{b.max_n} leaves no room above the first "
                              f"stage's n ({first.n})")
+        if b.trigger == "probe" and b.probe_n < b.max_n:
+            raise FieldError("rollout.broaden.probe_n", f"{b.probe_n} must be at least max_n ({b.max_n}): "
+                             "the probe has to see past every stage's n")
         widest = b.max_n * first.prompts_per_step
         if b.prompts == "keep_prompts" and widest > MAX_SAMPLES_PER_STEP:
             raise FieldError("rollout.broaden.max_n", f"max_n x prompts_per_step = {widest} exceeds "

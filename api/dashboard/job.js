@@ -160,10 +160,28 @@
     }));
   }
 
+  // The probes of this job's checkpoints (a probe's model is {job, step}), newest first.
+  async function refreshProbes() {
+    const page = await getJSON("/v1/probes?limit=100");
+    const mine = page.data.filter((p) => p.model && p.model.job === jobId);
+    document.getElementById("probes").replaceChildren(...mine.map((p) => el("li", {},
+      el("a", { href: `/probes/${p.id}`, text: p.id }),
+      ` step ${p.model.step == null ? "newest" : p.model.step} · `, Brorl.statusPill(p.status))));
+  }
+
+  async function probeNewest() {
+    const msg = document.getElementById("probe-msg");
+    msg.textContent = "";
+    try {
+      const probe = await (await api("/v1/probes", { method: "POST", json: { model: { job: jobId } } })).json();
+      location.assign(`/probes/${probe.id}`);
+    } catch (e) { msg.textContent = e.message; }
+  }
+
   let sideTimer = null;
   async function refreshSide() {
     clearTimeout(sideTimer);
-    try { await Promise.all([refreshEvents(), refreshCheckpoints()]); } catch (_) { /* next poll */ }
+    try { await Promise.all([refreshEvents(), refreshCheckpoints(), refreshProbes()]); } catch (_) { /* next poll */ }
     if (!TERMINAL.includes(job.status)) sideTimer = setTimeout(refreshSide, 5000);
   }
 
@@ -188,6 +206,7 @@
         refreshSide();
       } catch (e) { alert(e.message); }
     });
+    document.getElementById("probe-newest").addEventListener("click", probeNewest);
     refreshSide();
     const addSampleStep = SamplesTable(jobId);
     await Brorl.followMetrics(jobId, null, {

@@ -108,10 +108,12 @@ class Stack:
                     "BRORL_REQUEUE_QUEUED_AFTER_SECONDS": "3", "PYTHONUNBUFFERED": "1"}
         self.workers: list[subprocess.Popen] = []
 
-    def start_worker(self) -> subprocess.Popen:
+    def start_worker(self, pool: str = "prefork") -> subprocess.Popen:
+        """A worker process; `solo` runs tasks in the main process, which the real trainer and
+        probe need (their scorer's process pool cannot start inside a daemonic prefork child)."""
         log = open(self.folder / f"worker-{len(self.workers)}.log", "wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "worker", "--beat", "--pool", "prefork"],
+            [sys.executable, "-m", "cli.main", "worker", "--beat", "--pool", pool],
             cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.workers.append(proc)
         return proc
