@@ -9,8 +9,7 @@ from pathlib import Path
 
 from store.artifacts import dataset_path
 
-from tests.api.conftest import UPLOAD_LIMIT
-from tests.api.helpers import assert_error
+from tests.api.helpers import UPLOAD_LIMIT, assert_error
 
 
 def _jsonl(n: int) -> bytes:

@@ -14,8 +14,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 
-from tests.api.conftest import UPLOAD_LIMIT
-from tests.api.helpers import assert_error, make_spec
+from tests.api.helpers import UPLOAD_LIMIT, assert_error, make_spec
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker.conftest import FAKE_ENTRYPOINT
+from tests.support.jobs import FAKE_ENTRYPOINT
 
 pytestmark = pytest.mark.timeout(300)
 

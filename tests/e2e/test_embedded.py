@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from cli.client import BrorlAPIError, BrorlClient
-from tests.upstack import Stack, running_stack
-from tests.worker.conftest import FAKE_ENTRYPOINT, make_spec
+from tests.support.upstack import Stack, running_stack
+from tests.support.jobs import FAKE_ENTRYPOINT, make_spec
 
 pytestmark = pytest.mark.timeout(300)
 

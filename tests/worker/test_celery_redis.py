@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from cli.client import BrorlClient
-from tests.worker.conftest import FAKE_ENTRYPOINT, fresh_pg_database, make_spec
+from tests.support.jobs import FAKE_ENTRYPOINT, fresh_pg_database, make_spec
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(300)]
 

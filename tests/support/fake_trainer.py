@@ -1,4 +1,5 @@
-"""A stand-in for `trainer.train` used by the worker and end-to-end tests.
+"""A stand-in for `trainer.train` (`tests.support.jobs.FAKE_ENTRYPOINT`) used by the worker, fault
+and end-to-end tests of the service's plumbing.
 
 It has the real signature and talks to the sink exactly like the trainer: one `metrics` call
 per step (3 steps), a `stage_started` event, and a checkpoint folder (two files plus its
