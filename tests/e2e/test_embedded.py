@@ -23,7 +23,7 @@ from cli.client import BrorlAPIError, BrorlClient
 from tests.support.upstack import Stack, running_stack
 from tests.support.jobs import FAKE_ENTRYPOINT, make_spec
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]  # `brorl up` as a subprocess
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -130,6 +130,7 @@ def test_share_keeps_order_and_sizes():
     assert parts == [[0, 1, 2], [3, 4], [5, 6]] and sum(parts, []) == items
 
 
+@pytest.mark.integration  # two gloo ranks, each its own process: 30-80 s on 2 cores
 def test_two_ranks_update_equals_one_process(tmp_path):
     out = tmp_path / "rank0.pt"
     spawn(_rank_main, 2, str(out))
@@ -157,6 +158,7 @@ def _assert_same_weights(got: dict, model) -> None:
         torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
+@pytest.mark.integration  # two gloo ranks, each its own process: 30-80 s on 2 cores
 def test_two_rank_checkpoint_resumes_in_one_process_and_back(tmp_path):
     """DCP reshards: 2 ranks save -> 1 process resumes, and 1 process saves -> 2 ranks resume;
     the resumed update (which needs the restored Adam moments) matches the uninterrupted run."""
@@ -214,6 +216,7 @@ def _collect_rank(r: int, ws: int, port: int, out: str) -> None:
     os._exit(0)  # see _rank_main
 
 
+@pytest.mark.integration  # two gloo ranks, each its own process: 30-80 s on 2 cores
 def test_two_ranks_collect_the_one_process_batch(tmp_path):
     """Dynamic sampling on 2 ranks: each generates half the prompts; the kept counts, the keep
     rate and the stream are global, so the ranks' batches joined are the one-process batch."""
@@ -303,6 +306,7 @@ def _wide_rank(r: int, ws: int, port: int, out: str) -> None:
     os._exit(0)  # see _rank_main
 
 
+@pytest.mark.integration  # two gloo ranks, each its own process: 30-80 s on 2 cores
 def test_n512_step_with_refills_on_two_ranks_equals_one_process(tmp_path):
     """The whole step's learning part at N = 512: dynamic sampling refills over several rounds
     (each rank keeps its own groups), responses of 1..20 tokens: the update, its statistics and
