@@ -13,9 +13,9 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
-from tests.dashboard.conftest import client, wait_for
-from tests.tinyprebuild import prebuild
-from tests.upstack import Stack, running_stack
+from tests.dashboard.helpers import client, wait_for
+from tests.support.tinyprebuild import prebuild
+from tests.support.upstack import Stack, running_stack
 from trainer.spec import JobSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -16,8 +16,8 @@ import yaml
 
 from store import keys
 from store.db import reset_engine_cache, session_scope
-from tests.tinyprebuild import prebuild
-from tests.upstack import Stack, running_stack
+from tests.support.tinyprebuild import prebuild
+from tests.support.upstack import Stack, running_stack
 from trainer.probe_spec import ProbeSpec, base_job_spec
 from trainer.spec import JobSpec
 

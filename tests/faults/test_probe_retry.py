@@ -11,8 +11,8 @@ import pytest
 from store import keys, probes
 from store.db import session_scope
 from store.models import Job, JobEvent, JobStatus
-from tests.faults.conftest import wait_for
-from tests.tinyprebuild import prebuild
+from tests.faults.helpers import wait_for
+from tests.support.tinyprebuild import prebuild
 from trainer.probe_spec import ProbeSpec, base_job_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(900)]

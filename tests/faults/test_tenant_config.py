@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from cli.client import BrorlClient
-from tests.upstack import Stack, running_stack
-from tests.worker.conftest import FAKE_ENTRYPOINT, make_spec
+from tests.support.upstack import Stack, running_stack
+from tests.support.jobs import FAKE_ENTRYPOINT, make_spec
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]  # `brorl up` as a subprocess
 
 BUILD_TIMEOUT_S = 8
 LEASE_S = 4

@@ -387,6 +387,7 @@ def _count_reductions_rank(r: int, ws: int, port: int, out: str) -> None:
     os._exit(0)  # see _rank_main
 
 
+@pytest.mark.integration  # two gloo ranks, each its own process
 def test_gradients_reduce_once_per_mini_batch(tmp_path):
     """FSDP2 reduce-scatters each unit's gradient in the mini-batch's last backward only, not
     after every micro-batch (the update itself still equals one process: the test above)."""

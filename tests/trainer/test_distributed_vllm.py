@@ -20,6 +20,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from tests.trainer.test_distributed import spawn
 from trainer.dist import collectives as distributed
 
+pytestmark = pytest.mark.integration  # every test starts two gloo ranks
+
 
 def _model() -> torch.nn.Module:
     # Odd sizes (FSDP2 splits dim 0 unevenly over 2 ranks) and tied embeddings (counted once).
@@ -120,7 +122,7 @@ def test_vllm_engine_on_two_ranks_through_a_whole_step(tmp_path):
     """`train` on 2 ranks with rollout.engine vllm: the start-up sync into each rank's engine
     and the sync after the step are verified (a failure raises WeightSyncError on a rank)."""
     pytest.importorskip("vllm")
-    from tests.tinyprebuild import prebuild
+    from tests.support.tinyprebuild import prebuild
     from tests.trainer.test_distributed_loop import SPEC
     from trainer import train
     from trainer.sink import ListSink

@@ -1,13 +1,14 @@
 """A real probe on builtin:tiny: chunks, progress, the result's figures, and a stop mid-probe."""
 import pytest
 
-from tests.tinyprebuild import prebuild
+from tests.support.tinyprebuild import prebuild
 from trainer.algo.passk import pass_at_k_mean
 from trainer.probe import probe
 from trainer.probe_spec import ProbeSpec, base_job_spec
 from trainer.stop import StopRequested
 
-pytestmark = pytest.mark.timeout(900)
+# The fixture warm-starts builtin:tiny (150 SFT steps) and the probes sample from it.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 TASK = {"reasoning_gym": {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
                           "train_size": 500, "eval_size": 16}}
