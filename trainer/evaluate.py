@@ -45,7 +45,7 @@ def evaluate_checkpoint(spec: JobSpec, model_dir, dataset_path=None) -> dict[str
     from trainer.models.loading import load_policy, resolve_device
     from trainer.tasks import build_task
     from trainer.tasks.prompts import render_prompt
-    from trainer.tasks.scoring import Scorer
+    from trainer.graders.scorer import make_scorer
 
     task = build_task(spec.task, spec.seed, dataset_path)
     policy, tokenizer = load_policy(model_dir, spec.model.dtype, resolve_device(), master_fp32=False)
@@ -55,7 +55,7 @@ def evaluate_checkpoint(spec: JobSpec, model_dir, dataset_path=None) -> dict[str
     engine = make_engine(spec.rollout.engine, model_dir, policy, tokenizer, dtype=spec.model.dtype,
                          seed=spec.seed, max_model_len=max_len,
                          max_num_seqs=len(prompt_ids) * spec.eval.samples_per_prompt)
-    with Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward) as scorer:
+    with make_scorer(spec, task) as scorer:
         try:
             return evaluate(EvalContext(engine, tokenizer, scorer, task.eval, prompt_ids), spec, seed=spec.seed)
         finally:
