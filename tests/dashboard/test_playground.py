@@ -52,3 +52,29 @@ def test_playground_shows_reward_sub_rewards_and_errors(stack, page):
     expect(page.locator("#pg-msg")).to_contain_text("422")
     assert "operation" in page.get_attribute("#pg-msg", "data-field")
     expect(page.locator("#pg-result")).to_be_hidden()
+
+
+MULTI = {"type": "multi", "name": "answer and format", "calculate_output": "0.5 * right + 0.5 * tagged",
+         "graders": {
+             "right": {"type": "verifier", "name": "reasoning_gym", "task": "chain_sum",
+                       "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
+             "tagged": {"type": "string_check", "name": "tagged", "input": "{{ sample.output_text }}",
+                        "reference": "</answer>", "operation": "like"}}}
+
+
+def test_job_page_charts_the_grader_and_each_sub_reward(stack, page):
+    from tests.dashboard.conftest import client, tiny_spec, wait_for
+
+    spec = tiny_spec("dash-grader", [{"n": 4, "prompts_per_step": 2, "steps": 3}])
+    spec["task"]["grader"] = MULTI  # same task and seed as job A: its cached tiny model
+    with client(stack) as c:
+        job_id = c.submit(spec)["id"]
+    page.goto(f"{stack.url}/jobs/{job_id}")
+    # The sub-reward series are found in the metric rows as they arrive.
+    legend = page.locator("#chart-subrewards .u-legend")
+    expect(legend).to_contain_text("right", timeout=300_000)
+    expect(legend).to_contain_text("tagged")
+    for chart in ("grader", "subrewards"):
+        wait_for(lambda: int(page.get_attribute(f"#chart-{chart}", "data-points") or 0) > 0,
+                 30, f"points on the {chart} chart")
+    expect(page.locator("#chart-grader .u-legend")).to_contain_text("timeouts")
