@@ -54,11 +54,11 @@ def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | N
     from trainer.run import _encode, model_dir_for
     from trainer.tasks import build_task
     from trainer.tasks.prompts import render_prompt
-    from trainer.tasks.scoring import Scorer
+    from trainer.graders.scorer import make_scorer
 
     task = build_task(spec.task, spec.seed, dataset_path)
     examples = task.eval[:prompts] if prompts is not None else task.eval
-    with Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward) as scorer:
+    with make_scorer(spec, task) as scorer:
         model_dir = Path(model_dir) if model_dir is not None else model_dir_for(spec, task, scorer, stop_check)
         policy, tokenizer = load_policy(model_dir, spec.model.dtype, resolve_device(), master_fp32=False)
         prompt_ids = _encode(tokenizer, [render_prompt(ex.question, spec.task.prompt_template, tokenizer)

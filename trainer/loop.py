@@ -228,6 +228,7 @@ def _step(run: Run, sink: MetricsSink, step: int, start: int,
         evaluated = _evaluate(run, sink, step)
         values.update(evaluated)
     sink.metrics(step, values)
+    run.grader_watch.check(step, spec.task.grader_error_fraction, spec.task.grader_error_steps)
     _check_stall(run, sink, step, values)
     _check_gaming(run, sink, step, values, evaluated)
     if evaluated is not None:

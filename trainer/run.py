@@ -31,6 +31,7 @@ from trainer.stop import never
 from trainer.tasks import build_task
 from trainer.tasks.base import Task
 from trainer.tasks.prompts import render_prompt, target_completion
+from trainer.graders.scorer import GraderErrorWatch, make_scorer
 from trainer.tasks.scoring import Scorer
 from trainer.threads import configure_threads
 
@@ -52,7 +53,7 @@ class Run:
     ref: torch.nn.Module | None
     optimizer: torch.optim.Optimizer
     engine: object
-    scorer: Scorer
+    scorer: Scorer                               # or a GraderScorer (task.grader): one interface
     stream: PromptStream
     plans: list[StagePlan]
     state: checkpoint.TrainerState
@@ -69,6 +70,7 @@ class Run:
     plateau: Plateau = field(default_factory=Plateau)  # rollout.broaden's memory of the metric
     gaming: GamingWatch = field(default_factory=GamingWatch)  # reward up, eval down (not resumed)
     stop_check: Callable[[], None] = never       # raises StopRequested inside long phases
+    grader_watch: GraderErrorWatch = field(default_factory=GraderErrorWatch)  # (not resumed)
 
     def close(self) -> None:
         self.scorer.close()
@@ -86,12 +88,16 @@ def cache_dir() -> Path:
 def tiny_model_key(spec: JobSpec) -> str:
     """Cache key of the builtin:tiny model for this spec: its task and seed (and the build's
     version, bumped whenever the warm start changes so stale cached models are not reused;
-    v3: the stopping probe moved from the eval split to a validation slice of train)."""
-    key_src = {"task": spec.task.model_dump(mode="json"), "seed": spec.seed, "v": 3}
+    v3: the stopping probe moved from the eval split to a validation slice of train). The
+    job's grader is left out: the warm start learns the task's answers and stops on its
+    built-in verifier whatever the job's reward (`_warm_started`)."""
+    task = spec.task.model_dump(mode="json", exclude=GRADER_FIELDS)
+    key_src = {"task": task, "seed": spec.seed, "v": 3}
     return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
 
 
 WARM_PROBE_SIZE = 64
+GRADER_FIELDS = {"grader", "grader_error_fraction", "grader_error_steps"}
 
 
 def warm_start_probe(task: Task, size: int = WARM_PROBE_SIZE) -> list:
@@ -152,11 +158,19 @@ def prepare_tiny_model(spec: JobSpec, dataset_path: Path | None, stop_check: Cal
         scorer.close()
 
 
-def model_dir_for(spec: JobSpec, task: Task, scorer: Scorer,
-                  stop_check: Callable[[], None] = never) -> Path:
+def _warm_started(spec: JobSpec, task: Task, scorer, stop_check: Callable[[], None]) -> Path:
+    """builtin:tiny for this job; its warm start stops on the task's built-in verifier even
+    when a grader rewards the job (so the cached model is the same for every reward)."""
+    if spec.task.grader is None:
+        return _tiny_model_dir(spec, task, scorer, stop_check)
+    with Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward) as verifier:
+        return _tiny_model_dir(spec, task, verifier, stop_check)
+
+
+def model_dir_for(spec: JobSpec, task: Task, scorer, stop_check: Callable[[], None] = never) -> Path:
     """The folder the spec's model loads from: builtin:tiny is warm-started (or found in the
-    cache) here, with `scorer` scoring its stopping probe; any other path is used as it is."""
-    return _tiny_model_dir(spec, task, scorer, stop_check) if spec.model.path == TINY_MODEL else Path(spec.model.path)
+    cache) here; any other path is used as it is."""
+    return _warm_started(spec, task, scorer, stop_check) if spec.model.path == TINY_MODEL else Path(spec.model.path)
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -173,7 +187,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
     device = resolve_device()
     task = build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
-    scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
+    scorer = make_scorer(spec, task)
     try:
         model_dir = model_dir_for(spec, task, scorer, stop_check)
     except BaseException:  # a stop during the warm start: the scorer's processes go too

@@ -194,8 +194,21 @@ class TaskSpec(_Frozen):
                     "message for chat models); else a text containing {question}, used verbatim (a chat "
                     "model's template must carry its own chat markup).")
     reward: Literal["binary", "score"] = Field(
-        "binary", description="binary: 1 when the verifier's score is 1, else 0; score: the "
-                              "verifier's score in [0, 1] (partial credit).")
+        "binary", description="binary: 1 when the verifier's (or grader's) score is 1, else 0; "
+                              "score: the score itself (partial credit).")
+    grader: dict[str, Any] | None = Field(
+        None, description="Bring your own reward: a grader in OpenAI's reinforcement fine-tuning "
+        "JSON (string_check, text_similarity, python, multi, score_model, label_model) or this "
+        "service's code and verifier types (docs/graders.md, examples/graders/). It replaces the "
+        "dataset's verifier or the reasoning-gym scorer; its `item` is the dataset row (or the "
+        "reasoning-gym entry), its `sample` the completion. null: the built-in verifier.")
+    grader_error_fraction: float = Field(
+        0.5, gt=0, le=1, description="The job fails when more than this share of a step's "
+        "samples have a grader error (the message names the error) for grader_error_steps "
+        "steps in a row.")
+    grader_error_steps: int = Field(
+        3, ge=1, le=1000, description="Steps in a row over grader_error_fraction before the job "
+                                      "fails.")
 
     @field_validator("prompt_template")
     @classmethod
@@ -204,11 +217,54 @@ class TaskSpec(_Frozen):
             raise ValueError("must contain the placeholder {question}")
         return v
 
+    @field_validator("grader")
+    @classmethod
+    def _valid_grader(cls, grader: dict[str, Any] | None) -> dict[str, Any] | None:
+        if grader is not None:
+            check_grader(grader, "task.grader")
+        return grader
+
     @model_validator(mode="after")
     def _exactly_one(self) -> "TaskSpec":
         if (self.reasoning_gym is None) == (self.dataset is None):
             raise FieldError("task", "give exactly one of reasoning_gym or dataset")
         return self
+
+    @model_validator(mode="after")
+    def _grader_or_verifier(self) -> "TaskSpec":
+        if self.grader is not None and self.dataset is not None:
+            for name in ("verifier", "numeric_tolerance"):
+                if name in self.dataset.model_fields_set:
+                    raise FieldError(f"task.dataset.{name}", "give either task.grader or the "
+                                     "dataset's verifier, not both: the grader is the reward "
+                                     "(use a grader of type verifier for a built-in one)")
+        return self
+
+
+def _grader_path(loc: tuple) -> str:
+    """A grader error's location without pydantic's union tags (`python`, `multi`, ...)."""
+    from trainer.graders.models import GRADER_TYPES
+
+    out: list[str] = []
+    for i, part in enumerate(loc):
+        tag_slot = i == 0 or (i >= 2 and loc[i - 2] == "graders")
+        if tag_slot and part in GRADER_TYPES:
+            continue
+        out.append(str(part))
+    return ".".join(out)
+
+
+def check_grader(grader: Any, where: str) -> None:
+    """FieldError naming `where.<path>` when `grader` is not a valid grader (trainer.graders)."""
+    from trainer.graders.models import parse_grader
+
+    try:
+        parse_grader(grader)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        path = _grader_path(tuple(err["loc"]))
+        raise FieldError(f"{where}.{path}" if path else where,
+                         err["msg"].removeprefix("Value error, ")) from None
 
 
 # --------------------------------------------------------------------------- rollout

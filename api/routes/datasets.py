@@ -1,4 +1,5 @@
-"""Datasets: upload a JSONL file (one `{"prompt", "answer"}` object a line), list, show.
+"""Datasets: upload a JSONL file (one JSON object with a string `prompt` a line; any other
+fields, such as `answer` or a code grader's `tests`, are kept for the job's reward), list, show.
 
 An upload is all-or-nothing. The body streams into a temp file beside the final location
 (`api.upload`: 413 as soon as it passes `settings.max_upload_bytes`), every line is checked
@@ -48,7 +49,8 @@ _UPLOAD_BODY = {
             "required": ["file"],
             "properties": {
                 "file": {"type": "string", "format": "binary",
-                         "description": 'JSONL: one {"prompt": str, "answer": str} per line.'},
+                         "description": 'JSONL: one {"prompt": str, ...} per line; `answer` '
+                                        '(str or number) where the reward reads it.'},
                 "name": {"type": "string", "maxLength": 200,
                          "description": "Defaults to the file's name."},
             },

@@ -46,7 +46,7 @@ class RunRequest(BaseModel):
     item: dict[str, Any] = Field(default_factory=dict, description="The dataset row.")
 
 
-def _check_metrics(grader: Any, path: str = "grader") -> None:
+def check_runnable(grader: Any, path: str = "grader") -> None:
     """422 for what validates but cannot run here: a metric or a judge this server lacks."""
     if isinstance(grader, (ScoreModelGrader, LabelModelGrader)):
         try:
@@ -60,7 +60,7 @@ def _check_metrics(grader: Any, path: str = "grader") -> None:
             raise field_error(f"{path}.evaluation_metric", str(exc)) from None
     if isinstance(grader, MultiGrader):
         for key, sub in grader.graders.items():
-            _check_metrics(sub, f"{path}.graders.{key}")
+            check_runnable(sub, f"{path}.graders.{key}")
 
 
 def _runtime(request: Request) -> GraderRuntime:
@@ -74,14 +74,14 @@ def _runtime(request: Request) -> GraderRuntime:
 @router.post("/validate")
 def validate(body: ValidateRequest, tenant: TenantDep) -> dict[str, Any]:
     """The grader back when it is valid and runnable here; else a 422 naming the field."""
-    _check_metrics(body.grader)
+    check_runnable(body.grader)
     return {"grader": body.grader.model_dump(mode="json", exclude_none=True)}
 
 
 @router.post("/run")
 def run(body: RunRequest, request: Request, tenant: TenantDep) -> dict[str, Any]:
     """Grade one sample (python and code graders in the sandbox, never in this process)."""
-    _check_metrics(body.grader)
+    check_runnable(body.grader)
     if len(body.item) > MAX_ITEM_KEYS:
         raise field_error("item", f"at most {MAX_ITEM_KEYS} fields")
     if needs_sandbox(body.grader) and sandbox_layer() == "none":

@@ -69,7 +69,7 @@ def test_content_length_over_the_limit_is_refused_before_reading(client, auth):
 
 
 def test_malformed_line_is_422_naming_it_and_nothing_is_stored(client, auth, settings):
-    lines = _jsonl(2) + b'{"prompt": "no answer here"}\n' + _jsonl(2)
+    lines = _jsonl(2) + b'{"question": "no prompt here", "answer": "1"}\n' + _jsonl(2)
     resp = client.post("/v1/datasets", headers=auth, files={"file": ("bad.jsonl", lines)})
     err = assert_error(resp, 422, "validation_error", field="file")
     assert "line 3" in err["message"], err
@@ -133,3 +133,11 @@ def test_concurrent_uploads_are_capped_per_tenant(settings, enqueued, key, other
         resp = httpx.post(f"{url}/v1/datasets", headers={"Authorization": f"Bearer {key}"},
                           files={"file": ("d.jsonl", _jsonl(2))}, timeout=10)
         assert resp.status_code == 201, resp.text
+
+
+def test_rows_need_no_answer_and_may_carry_any_json(client, auth):
+    # A grader reads whichever fields it names; `answer` is only needed by what reads it.
+    rows = b'{"prompt": "p1", "tests": [{"stdin": "1", "stdout": "1"}], "meta": {"a": [1]}}\n'
+    resp = client.post("/v1/datasets", headers=auth, files={"file": ("g.jsonl", rows * 2)})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["rows"] == 2

@@ -13,6 +13,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from trainer.graders import sandbox_layer
 
 from tests.api.helpers import UPLOAD_LIMIT, assert_error, make_spec
 
@@ -28,6 +29,8 @@ def test_readyz_checks_database_and_broker(client, settings):
     resp = client.get("/readyz")
     assert resp.status_code == 200, resp.text
     assert resp.json()["checks"] == {"database": "ok", "broker": "ok"}
+    assert resp.json()["sandbox"] == sandbox_layer()  # the grader sandbox layer in use
+    assert resp.json()["sandbox"] in ("bubblewrap", "landlock", "unsafe", "none")
 
 
 def test_readyz_is_503_naming_the_broker(settings, enqueued):
@@ -38,6 +41,7 @@ def test_readyz_is_503_naming_the_broker(settings, enqueued):
     assert "broker" in err["message"] and "database" not in err["message"]
     assert resp.json()["checks"]["database"] == "ok"
     assert resp.json()["checks"]["broker"].startswith("broker unreachable")
+    assert resp.json()["sandbox"] == sandbox_layer()
 
 
 def test_prometheus_metrics(app, client, auth):

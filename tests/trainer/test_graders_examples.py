@@ -37,3 +37,14 @@ def test_code_dataset_reference_solutions_pass():
         empty = runtime.grade(grader, ["```python\npass\n```"] * len(rows), rows)
     assert [r.reward for r in good] == [1.0] * len(rows), [r.details for r in good]
     assert [r.reward for r in empty] == [0.0] * len(rows)
+
+
+def test_the_code_job_example_validates_with_its_grader():
+    from trainer.spec import load_spec
+    from trainer.tasks.dataset_task import check_rows_for
+
+    spec = load_spec(Path(__file__).parents[2] / "examples" / "graders" / "code_spec.yaml")
+    assert spec.task.grader["type"] == "code"
+    data = Path(__file__).parents[2] / "examples" / "data" / "code_problems.jsonl"
+    with open(data, "rb") as fh:
+        check_rows_for(fh, spec.task, 1 << 20)  # every row has the `tests` the grader reads

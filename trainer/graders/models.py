@@ -272,6 +272,8 @@ Grader = Annotated[
 ]
 MultiGrader.model_rebuild()
 GRADER_ADAPTER: TypeAdapter = TypeAdapter(Grader)
+GRADER_TYPES = ("string_check", "text_similarity", "python", "code", "verifier", "score_model",
+                "label_model", "multi")
 
 
 def parse_grader(data: Any) -> _Grader:

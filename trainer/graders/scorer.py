@@ -14,7 +14,8 @@ import time
 from typing import Any, Sequence
 
 from trainer.graders.batch import GradeResult, GraderRuntime
-from trainer.graders.models import parse_grader
+from trainer.graders.models import MultiGrader, needs_sandbox, parse_grader
+from trainer.graders.sandbox.layer import require_layer
 from trainer.tasks.base import Example
 from trainer.tasks.scoring import CORRECT_EPS, REWARDS, ScoreResult
 
@@ -38,6 +39,10 @@ class GraderScorer:
         self._own_runtime = runtime is None
         self.runtime = runtime or GraderRuntime(timeout_s=timeout_s)
         self.last_results: list[GradeResult | None] = []
+        # The multi grader's keys: every batch reports each (0 for an ungraded sample), so
+        # the step's per-sample sub-reward tensors have the same keys in every round.
+        self.sub_reward_keys = sorted(self.grader.graders) \
+            if isinstance(self.grader, MultiGrader) else []
 
     def score(self, completions: Sequence[str], examples: Sequence[Example],
               truncated: Sequence[bool] | None = None) -> ScoreResult:
@@ -88,3 +93,60 @@ def step_metrics(results: Sequence[GradeResult | None]) -> dict[str, float]:
         values = [r.sub_rewards[key] for r in graded if key in r.sub_rewards]
         out[f"reward/{key}"] = sum(values) / len(values)
     return out
+
+
+def make_scorer(spec: Any, task: Any):
+    """The job's one scorer: its `task.grader` behind the scorer interface, else the task's
+    built-in verifier (`trainer.tasks.scoring.Scorer`). A grader that runs code is refused
+    here, before any model is loaded, when this machine has no sandbox layer."""
+    if spec.task.grader is None:
+        from trainer.tasks.scoring import Scorer
+
+        return Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
+    grader = parse_grader(spec.task.grader)
+    if needs_sandbox(grader):
+        require_layer()
+    return GraderScorer(grader, reward=spec.task.reward,
+                        truncated_reward=spec.algo.truncated_reward)
+
+
+def first_error(results: Sequence[GradeResult | None]) -> str:
+    """'<flag>: <details>' of the first failed result ('' when none failed)."""
+    for result in results:
+        if result is not None and result.failed:
+            flag = next(f for f, on in result.errors.items() if on)
+            return f"{flag}: {result.details}" if result.details else flag
+    return ""
+
+
+class GraderErrorLimit(RuntimeError):
+    """Too many of the job's samples failed to grade for too many steps in a row."""
+
+
+class GraderErrorWatch:
+    """Counts steps in a row where more than `fraction` of the samples had a grader error.
+
+    The step records its results (`record`) before evaluation reuses the scorer; the loop
+    checks (`check`) after the step's metrics are written, so a failing job still shows them.
+    """
+
+    def __init__(self) -> None:
+        self.in_row = 0
+        self.errors, self.samples, self.first = 0, 0, ""
+
+    def record(self, results: Sequence[GradeResult | None]) -> None:
+        self.errors = sum(1 for r in results if r is not None and r.failed)
+        self.samples, self.first = len(results), first_error(results)
+
+    def check(self, step: int, fraction: float, steps: int) -> None:
+        """GraderErrorLimit on the `steps`-th step in a row over `fraction`."""
+        if self.samples == 0 or self.errors / self.samples <= fraction:
+            self.in_row = 0
+            return
+        self.in_row += 1
+        if self.in_row >= steps:
+            raise GraderErrorLimit(
+                f"the grader failed on more than {fraction:.0%} of the samples for {self.in_row} "
+                f"steps in a row (step {step}: {self.errors} of {self.samples}); first error: "
+                f"{self.first[:1000]} (limits: task.grader_error_fraction, "
+                f"task.grader_error_steps)")

@@ -27,7 +27,8 @@ def build_task_here(task_spec: TaskSpec, seed: int, dataset_path: Path | None = 
         raise ValueError(f"task.dataset {task_spec.dataset.id!r} needs a dataset_path")
     from trainer.tasks import dataset_task
 
-    return dataset_task.build(task_spec.dataset, Path(dataset_path), seed)
+    return dataset_task.build(task_spec.dataset, Path(dataset_path), seed,
+                              need_answer=task_spec.grader is None)
 
 
 def build_task(task_spec: TaskSpec, seed: int, dataset_path: Path | None = None,
