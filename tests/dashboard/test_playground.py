@@ -63,7 +63,7 @@ MULTI = {"type": "multi", "name": "answer and format", "calculate_output": "0.5 
 
 
 def test_job_page_charts_the_grader_and_each_sub_reward(stack, page):
-    from tests.dashboard.conftest import client, tiny_spec, wait_for
+    from tests.dashboard.helpers import client, tiny_spec, wait_for
 
     spec = tiny_spec("dash-grader", [{"n": 4, "prompts_per_step": 2, "steps": 3}])
     spec["task"]["grader"] = MULTI  # same task and seed as job A: its cached tiny model

@@ -10,8 +10,8 @@ import pytest
 from cli.client import BrorlClient
 from trainer.graders import sandbox_layer
 from trainer.spec import JobSpec
-from tests.tinyprebuild import prebuild
-from tests.upstack import Stack, running_stack
+from tests.support.tinyprebuild import prebuild
+from tests.support.upstack import Stack, running_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(sandbox_layer() == "none", reason="no grader sandbox here")]

@@ -8,9 +8,10 @@ from trainer.graders.scorer import GraderErrorLimit
 from trainer.sink import ListSink
 from trainer.spec import JobSpec
 
-from tests.tinyprebuild import prebuild
+from tests.support.tinyprebuild import prebuild
 
-pytestmark = pytest.mark.skipif(sandbox_layer() == "none", reason="no grader sandbox here")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(sandbox_layer() == "none", reason="no grader sandbox here")]
 
 ANSWER_PY = """
 import re
