@@ -178,6 +178,8 @@ def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[],
     except StopRequested:  # during the warm start of builtin:tiny
         return TrainResult.stopped_before_start()
     try:
+        if resume is not None:
+            _check_resumed_spec(run, sink)
         return _run_steps(run, sink, should_stop, on_step)
     finally:
         run.close()
@@ -189,8 +191,6 @@ def _run_steps(run: Run, sink: MetricsSink, should_stop: Callable[[], bool],
     start = done = run.state.step  # `done`: steps whose update, metrics and eval all finished
     last_eval, last_ckpt, stopped = None, None, False
     try:
-        if resume is not None:
-            _check_resumed_spec(run, sink)
         if start == 0:
             last_eval = _evaluate(run, sink, 0)
             sink.metrics(0, {**last_eval, "stage": 0, "n": run.plans[0].n})
