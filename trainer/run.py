@@ -20,6 +20,7 @@ from trainer.dist import collectives as distributed
 from trainer.prompt_stream import PromptStream
 from trainer.engines import make_engine
 from trainer.models.loading import compute_dtype, load_policy, resolve_device
+from trainer.models.lora import load_lora_policy, trainable_parameters
 from trainer.algo.advantages import ADVANTAGES, AdvantageFn
 from trainer.algo.gaming import GamingWatch
 from trainer.optim.optimizer import make_optimizer
@@ -173,11 +174,15 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
         scorer.close()
         raise
     source = Path(resume) if resume else model_dir
-    policy, tokenizer = load_policy(source, spec.model.dtype, device,
-                                    gradient_checkpointing=spec.model.gradient_checkpointing)
     cdtype = compute_dtype(spec.model.dtype, device)
     ref = None
-    if spec.algo.kl_coef > 0:
+    if spec.model.lora is not None:  # the base from model_dir, the adapter from the checkpoint
+        source = model_dir
+        policy, tokenizer, ref = load_lora_policy(spec, model_dir, resume, device)
+    else:
+        policy, tokenizer = load_policy(source, spec.model.dtype, device,
+                                        gradient_checkpointing=spec.model.gradient_checkpointing)
+    if spec.algo.kl_coef > 0 and spec.model.lora is None:
         # The reference is never trained: it may live in the compute dtype (half the memory).
         # On many ranks each holds a whole copy (sharding it too is a later step, docs/many-gpus.md).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
@@ -187,7 +192,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
         engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
         distributed.shard_policy(policy, cdtype)
     plans = replan(spec, [])
-    optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr, device_dtype=cdtype)
+    optimizer = make_optimizer(trainable_parameters(policy), spec.optim, plans[0].lr, device_dtype=cdtype)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
                                     spec_sha256=spec_sha256(spec))
     if resume:
@@ -202,7 +207,9 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     max_prompt = max(len(p) for p in train_ids + eval_ids)
     max_len = max_prompt + spec.rollout.max_new_tokens
     widest = widest_samples(spec)
-    engine = make_engine(spec.rollout.engine, source, engine_model, tokenizer, dtype=spec.model.dtype,
+    # LoRA samples with the HF engine (the spec refuses vllm): auto resolves to it.
+    kind = "hf" if spec.model.lora is not None else spec.rollout.engine
+    engine = make_engine(kind, source, engine_model, tokenizer, dtype=spec.model.dtype,
                          seed=spec.seed, max_model_len=max_len,
                          max_num_seqs=max(widest, len(eval_ids) * spec.eval.samples_per_prompt))
     budget = spec.algo.micro_batch_tokens
