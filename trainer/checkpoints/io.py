@@ -73,6 +73,7 @@ def checkpoints_dir(out_dir: Path) -> Path:
 def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, ref_model) -> tuple[int, str]:
     """Every rank writes its shards; rank 0 the rest (other ranks return (0, ""))."""
     sharded = distributed.is_sharded(policy)
+    merged_bytes = 0
     if sharded:
         distributed.save_sharded(tmp / "trainer_state" / "dcp", policy, optimizer)
         distributed.save_consolidated(tmp, policy, tokenizer)  # gathered; written by rank 0
@@ -82,7 +83,7 @@ def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, 
         policy.save_pretrained(tmp, safe_serialization=True)  # LoRA: PEFT's adapter files
         tokenizer.save_pretrained(tmp)
         if is_lora(policy):
-            write_merged(policy, tokenizer, tmp / MERGED_DIR)
+            merged_bytes = write_merged(policy, tokenizer, tmp / MERGED_DIR)
     ts = tmp / "trainer_state"
     ts.mkdir(exist_ok=True)
     (ts / "state.json").write_text(json.dumps(asdict(state), indent=1))
@@ -92,7 +93,8 @@ def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, 
                 "numpy": np.random.get_state()}, ts / "rng.pt")
     if ref_model is not None and state.ref_step != state.step:
         save_model(ref_model, str(ts / "ref.safetensors"))  # handles tied embeddings
-    return ckpt_format.write_manifest(tmp)
+    nbytes, digest = ckpt_format.write_manifest(tmp)
+    return nbytes + merged_bytes, digest
 
 
 def save(out_dir: Path, state: TrainerState, policy, tokenizer, optimizer, ref_model,

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
+from trainer.checkpoints.format import MERGED_DIR, write_manifest
 from trainer.spec import LoraSpec
 
 ADAPTER = "default"            # peft's adapter name; the trainer trains exactly one
-MERGED_DIR = "merged"          # a checkpoint's merged HF folder (trainer.checkpoints.format)
 
 
 class LoraTargetError(ValueError):
@@ -201,9 +201,10 @@ def merged_state_dict(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], 
     return out, tied
 
 
-def write_merged(model: torch.nn.Module, tokenizer, folder: Path) -> None:
-    """An HF model folder of the merged weights: loads with `from_pretrained` and in vLLM
-    without peft. Weights in the base's dtype (the compute dtype)."""
+def write_merged(model: torch.nn.Module, tokenizer, folder: Path) -> int:
+    """An HF model folder of the merged weights, with its own manifest: loads with
+    `from_pretrained` and in vLLM without peft. Weights in the base's dtype (the compute
+    dtype). Returns its size in bytes."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -219,3 +220,4 @@ def write_merged(model: torch.nn.Module, tokenizer, folder: Path) -> None:
     if base.generation_config is not None:
         base.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    return write_manifest(folder)[0]
