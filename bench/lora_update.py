@@ -1,5 +1,5 @@
 """The PPO update with a LoRA adapter (rank 8 and 64) against full fine-tuning: peak memory
-and time, on the 24 M-parameter builtin-family model at N = 512.
+and time, on the 24 M-parameter builtin-family model (`SIZES["25m"]`) at N = 512.
 
 What is measured: the trainer's own update (`ppo_update`, one mini-batch, micro-batched
 backward, AdamW step) with the KL reference's pass before it, on one prompt x N = 512
@@ -59,7 +59,7 @@ def measure(name: str, n: int, steps: int, micro_tokens: int) -> dict:
     from trainer.optim.update import UpdateConfig, ppo_update, sequence_logprobs
     from trainer.spec import LoraSpec
 
-    model, _ = build_untrained(seed=0, size="24m", max_position_embeddings=1024)
+    model, _ = build_untrained(seed=0, size="25m", max_position_embeddings=1024)
     model.train()
     rank = CONFIGS[name]
     if rank is None:

@@ -6,6 +6,7 @@ Runs the eval split through the same rollout engine at the spec's eval temperatu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainer.algo.passk import pass_at_k_mean
 from trainer.rollouts import SamplingConfig
@@ -47,6 +48,10 @@ def evaluate_checkpoint(spec: JobSpec, model_dir, dataset_path=None) -> dict[str
     from trainer.tasks.prompts import render_prompt
     from trainer.tasks.scoring import Scorer
 
+    from trainer.checkpoints.format import MERGED_DIR, is_lora
+
+    if is_lora(model_dir):  # a LoRA checkpoint: its merged/ folder is the same model, no peft
+        model_dir = Path(model_dir) / MERGED_DIR
     task = build_task(spec.task, spec.seed, dataset_path)
     policy, tokenizer = load_policy(model_dir, spec.model.dtype, resolve_device(), master_fp32=False)
     prompt_ids = _encode(tokenizer, [render_prompt(ex.question, spec.task.prompt_template, tokenizer)

@@ -207,11 +207,10 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     max_prompt = max(len(p) for p in train_ids + eval_ids)
     max_len = max_prompt + spec.rollout.max_new_tokens
     widest = widest_samples(spec)
-    # LoRA samples with the HF engine (the spec refuses vllm): auto resolves to it.
-    kind = "hf" if spec.model.lora is not None else spec.rollout.engine
-    engine = make_engine(kind, source, engine_model, tokenizer, dtype=spec.model.dtype,
+    engine = make_engine(spec.rollout.engine, source, engine_model, tokenizer, dtype=spec.model.dtype,
                          seed=spec.seed, max_model_len=max_len,
-                         max_num_seqs=max(widest, len(eval_ids) * spec.eval.samples_per_prompt))
+                         max_num_seqs=max(widest, len(eval_ids) * spec.eval.samples_per_prompt),
+                         lora_rank=spec.model.lora.rank if spec.model.lora is not None else None)
     budget = spec.algo.micro_batch_tokens
     if engine_model is not policy:
         engine.sync_weights(policy)  # a resume restored the sharded weights from dcp/

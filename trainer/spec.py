@@ -60,6 +60,7 @@ TINY_MIN_NEW_TOKENS = 24
 # Linear layers of builtin:tiny (Qwen2), so that a LoRA target it lacks is a 422, not a job error.
 TINY_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_LORA_RANK = 1024
+MAX_VLLM_LORA_RANK = 512  # vLLM's largest max_lora_rank (trainer/engines/vllm_lora.py)
 
 
 class LoraSpec(_Frozen):
@@ -98,8 +99,8 @@ class ModelSpec(_Frozen):
         None, description="null: full fine-tuning. Else train a LoRA adapter (peft) on the frozen "
         "base: the KL reference is the base with the adapter off (no second copy), checkpoints "
         "hold the adapter in PEFT's format, and start from about 10x the full fine-tuning "
-        "optim.lr. Needs resources.gpus_per_node 1, rollout.engine hf or auto (auto then picks the "
-        "HF engine) and optim.optimizer_state fp32.")
+        "optim.lr. vLLM serves the adapter with its own LoRA support (each step sends only the "
+        "adapter). Needs resources.gpus_per_node 1 and optim.optimizer_state fp32.")
 
     @model_validator(mode="after")
     def _tiny_has_targets(self) -> "ModelSpec":
@@ -513,9 +514,9 @@ class JobSpec(_Frozen):
         if self.resources.gpus_per_node > 1:
             raise FieldError("model.lora", f"LoRA runs on one rank only for now (resources.gpus_per_node "
                              f"{self.resources.gpus_per_node}): use gpus_per_node 1 or full fine-tuning")
-        if self.rollout.engine == "vllm":
-            raise FieldError("model.lora", "LoRA samples with the HF engine only for now (the vLLM "
-                             "adapter sync is not built): use rollout.engine hf or auto")
+        if self.rollout.engine != "hf" and self.model.lora.rank > MAX_VLLM_LORA_RANK:
+            raise FieldError("model.lora.rank", f"{self.model.lora.rank} exceeds vLLM's largest LoRA "
+                             f"rank ({MAX_VLLM_LORA_RANK}); use rollout.engine hf or a smaller rank")
         if self.optim.optimizer_state != "fp32":
             raise FieldError("model.lora", f"optim.optimizer_state {self.optim.optimizer_state} is "
                              "not supported with an adapter, whose float32 AdamW state is small: use fp32")

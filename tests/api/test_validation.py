@@ -49,8 +49,8 @@ CASES = {
                                        "model.lora.target_modules", "['c_attn'] are not linear layers"),
     "LoRA on many ranks": (make_spec(model={"lora": {}}, resources={"gpus_per_node": 2}),
                            "model.lora", "one rank only"),
-    "LoRA with the vLLM engine": (make_spec(model={"lora": {}}, rollout={"schedule": [STAGE], "engine": "vllm"}),
-                                  "model.lora", "HF engine only"),
+    "LoRA rank vLLM cannot serve": (make_spec(model={"lora": {"rank": 1024}}, rollout={"schedule": [STAGE], "engine": "vllm"}),
+                                    "model.lora.rank", "exceeds vLLM's largest"),
     "LoRA with an offloaded optimizer": (make_spec(model={"lora": {}}, optim={"optimizer_state": "cpu_offload"}),
                                          "model.lora", "use fp32"),
     "broaden metric not evaluated": (

@@ -81,6 +81,14 @@ def test_lora_job_trains_the_adapter_only(full_run):
     assert all(s["exp_avg"].dtype == torch.float32 for s in opt["state"].values())
 
 
+def test_brorl_eval_reads_a_lora_checkpoint(full_run):
+    from trainer.evaluate import evaluate_checkpoint
+
+    out, _, _ = full_run
+    values = evaluate_checkpoint(spec(), latest(out))  # through its merged/ folder
+    assert 0.0 <= values["eval/pass@1"] <= 1.0
+
+
 def test_lora_resume_equals_uninterrupted(full_run, tmp_path):
     _, full_sink, _ = full_run
     first, r1 = run(tmp_path, stop_after=2)
