@@ -10,9 +10,15 @@ switched off for the reference pass) and float32 weights, gradients and moments 
 adapter only. Generation is left out: the HF engine samples with the same model either way.
 
 Each configuration runs in a fresh subprocess (ru_maxrss is a process-lifetime peak) with one
-torch thread; reported: resident memory after building (model, optimizer, reference), the
-peak during the updates, the peak's growth over the build, and the mean update time over
-`--steps` after one warm-up update. Timings on shared cores drift: compare within one run.
+torch thread and `MALLOC_MMAP_THRESHOLD_` fixed at 128 KiB: glibc otherwise raises its mmap
+threshold after the first large frees and serves later tensors from a heap it does not give
+back, so the peak RSS measured the allocator's history more than the live tensors (a first
+run without it put LoRA above full fine-tuning). Reported: resident memory after building
+(model, optimizer, reference), the peak during the updates and its growth over the build;
+the bytes autograd saves for the backward of the largest micro-batch (`saved_tensors_hooks`,
+unique storages other than the weights: exact, no allocator in it); the bytes of trainable state (weights, gradients,
+AdamW moments: 16 per trainable parameter) plus the reference copy; and the mean update time
+over `--steps` after one warm-up update. Timings on shared cores drift: compare within one run.
 
     .venv/bin/python bench/lora_update.py [--steps 2] [--n 512] [--out bench/out]
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -47,6 +54,29 @@ def _batch(n: int, vocab: int):
                     engine_logprobs=[[-3.0] * MAX_NEW for _ in range(n)], group=torch.zeros(n, dtype=torch.long),
                     rewards=torch.zeros(n), truncated=torch.ones(n, dtype=torch.bool),
                     advantages=torch.randn(n, generator=g))
+
+
+def saved_for_backward_mb(model, batch, micro_tokens: int) -> float:
+    """MB autograd keeps for the backward of the largest micro-batch (unique storages, the
+    model's own weights left out)."""
+    import torch
+
+    from trainer.optim.update import _chunks, _logits, _token_logp
+
+    chunks, shared = _chunks(model, batch.prompt_ids, batch.response_ids, micro_tokens, True)
+    seen: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}  # held anyway
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in weights:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits, b = _logits(model, batch.prompt_ids, batch.response_ids, chunks[0], 1.0, torch.float32, shared)
+        _token_logp(logits, b["targets"]).sum()
+    return sum(seen.values()) / 2**20
 
 
 def measure(name: str, n: int, steps: int, micro_tokens: int) -> dict:
@@ -81,9 +111,15 @@ def measure(name: str, n: int, steps: int, micro_tokens: int) -> dict:
         if i:  # the first update is a warm-up (allocator, AdamW state)
             times.append(time.perf_counter() - t0)
     total = sum(p.numel() for p in model.parameters())
-    return {"config": name, "trainable_params": sum(p.numel() for p in params), "params": total,
-            "rss_built_mb": round(built, 1), "rss_peak_mb": round(_rss_mb(), 1),
-            "update_peak_growth_mb": round(_rss_mb() - built, 1),
+    trainable = sum(p.numel() for p in params)
+    ref_bytes = sum(t.numel() * t.element_size() for t in ref.state_dict().values()) if rank is None else \
+        sum(b.numel() * b.element_size() for b in ref.buffers())
+    peak = _rss_mb()
+    return {"config": name, "trainable_params": trainable, "params": total,
+            "rss_built_mb": round(built, 1), "rss_peak_mb": round(peak, 1),
+            "update_peak_growth_mb": round(peak - built, 1),
+            "saved_for_backward_mb": round(saved_for_backward_mb(model, batch, micro_tokens), 1),
+            "state_mb": round((16 * trainable + ref_bytes) / 2**20, 1),
             "update_s": round(sum(times) / len(times), 3), "n": n, "micro_batch_tokens": micro_tokens}
 
 
@@ -101,18 +137,20 @@ def main() -> None:
         return
     rows = []
     for name in args.configs.split(","):
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
         out = subprocess.run([sys.executable, __file__, "--one", name, "--n", str(args.n), "--steps",
                               str(args.steps), "--micro-batch-tokens", str(args.micro_batch_tokens)],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True, check=True, env=env)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lora_update.json").write_text(json.dumps(rows, indent=1))
-    print("| config | trainable params | RSS built (MB) | RSS peak (MB) | update peak growth (MB) | update (s) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| config | trainable params | RSS built (MB) | RSS peak (MB) | update peak growth (MB) | "
+          "saved for backward (MB) | trainable state + reference (MB) | update (s) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['config']} | {r['trainable_params']:,} | {r['rss_built_mb']} | {r['rss_peak_mb']} | "
-              f"{r['update_peak_growth_mb']} | {r['update_s']} |")
+              f"{r['update_peak_growth_mb']} | {r['saved_for_backward_mb']} | {r['state_mb']} | {r['update_s']} |")
 
 
 if __name__ == "__main__":

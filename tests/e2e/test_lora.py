@@ -66,7 +66,7 @@ def test_lora_job_runs_and_its_adapter_loads_with_the_trainers_logprobs(stack: S
     assert (merged / "model.safetensors").is_file()
 
     spec = JobSpec.model_validate(SPEC)
-    base_dir = cache_dir() / "models" / tiny_model_key(spec)
+    base_dir = cache_dir() / "models" / f"tiny-{tiny_model_key(spec)}"
     # The trainer's own model at step 2, as its loader rebuilds it from the server's folder.
     server_ckpt = next(stack.data_dir.rglob("step-00000002"))
     trainer_model, _, _ = load_lora_policy(spec, base_dir, server_ckpt, torch.device("cpu"))

@@ -68,7 +68,7 @@ def test_lora_job_trains_the_adapter_only(full_run):
     names = {p.name for p in ckpt.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "merged", "trainer_state"} <= names
     assert "model.safetensors" not in names  # the base is not copied into every checkpoint
-    base_dir = cache_dir() / "models" / tiny_model_key(spec())
+    base_dir = cache_dir() / "models" / f"tiny-{tiny_model_key(spec())}"
     base = AutoModelForCausalLM.from_pretrained(base_dir)
     before = {k: v.clone() for k, v in base.state_dict().items()}
     model = PeftModel.from_pretrained(base, ckpt)
