@@ -8,6 +8,7 @@
 #             CUDA build of torch). It needs the NVIDIA container toolkit on the host.
 # The base stage installs the dependencies before copying the source, so code edits do not
 # reinstall them. constraints.txt is not used here: it pins the CPU build of torch.
+# bubblewrap and libseccomp2: the grader sandbox; wordnet-base: the meteor metric's WordNet.
 
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -17,7 +18,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     BRORL_DATA_DIR=/data \
     BRORL_ARTIFACT_DIR=/artifacts
 RUN apt-get update \
- && apt-get install -y --no-install-recommends curl \
+ && apt-get install -y --no-install-recommends curl bubblewrap libseccomp2 wordnet-base \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 1000 brorl \
  && mkdir -p /data /artifacts /app \

@@ -36,11 +36,13 @@ install: $(VENV)/.installed
 demo: install
 	$(BRORL) demo
 
+# Every test, with the 15 slowest printed (CI runs this). test-fast leaves out the tests that
+# start processes or train (markers `slow`, `integration`): under 4 minutes on 2 cores.
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not integration" --durations=15 $(PYTEST_ARGS)
 
 # The job spec's reference and JSON Schema, written from trainer/spec.py (a test checks both).
 docs: install

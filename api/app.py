@@ -15,18 +15,22 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI
 from fastapi_offline import FastAPIOffline
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from prometheus_client import CollectorRegistry
 
 from store.db import get_sessionmaker
 from store.settings import Settings, get_settings
 
 from api.deps import Enqueue, celery_enqueue
+from api.edge import StorableTextMiddleware
 from api.errors import install_error_handlers
+from api.headers import SecurityHeadersMiddleware, install_access_log_filter
 from api.guards import GuardMiddleware
 from api.quotas import StreamSlots
 from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
 from api.ratelimit import RateLimitMiddleware
-from api.routes import checkpoints, datasets, events_metrics, health, jobs, samples
+from api.task_probe import TaskProbe
+from api.routes import checkpoints, datasets, events_metrics, graders, health, jobs, probes, samples
 from api.web import install_dashboard
 
 API_VERSION = "1.0.0"
@@ -42,7 +46,7 @@ Errors always look like `{"error": {"type", "message", "field"?}}`.
 
 def _v1_router() -> APIRouter:
     v1 = APIRouter(prefix="/v1")
-    for module in (jobs, events_metrics, samples, checkpoints, datasets):
+    for module in (jobs, events_metrics, samples, checkpoints, datasets, graders, probes):
         v1.include_router(module.router)
     return v1
 
@@ -72,20 +76,28 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     app.state.enqueue = enqueue if enqueue is not None else celery_enqueue(settings)
     app.state.auth_cache = {}  # api.deps: key hash -> (valid until, tenant)
     app.state.stream_slots = StreamSlots()
+    app.state.upload_slots = StreamSlots("uploads in progress")
+    app.state.task_probe = TaskProbe(settings)
     app.state.stream_poll_seconds = (
         stream_poll_seconds
         if stream_poll_seconds is not None
         else float(getattr(settings, "stream_poll_seconds", DEFAULT_STREAM_POLL_SECONDS)))
 
-    app.state.metrics = ApiMetrics(CollectorRegistry())
-    # Job counts describe every tenant: a registry of their own, shown only with the token.
+    # Per-route series and job counts describe every tenant's activity: a registry of their
+    # own, shown only with the operator's token; the public one holds totals by status class.
     app.state.private_metrics = CollectorRegistry()
+    app.state.metrics = ApiMetrics(app.state.private_metrics)
     app.state.private_metrics.register(JobsByStatusCollector(lambda: app.state.sessionmaker))
-    # Added innermost first: Prometheus sees every answer, rate limiting runs before the guards.
+    # Added innermost first: trusted hosts run first, every answer gets the security headers,
+    # Prometheus sees every answer, rate limiting runs before the guards.
+    app.add_middleware(StorableTextMiddleware)
     app.add_middleware(GuardMiddleware, settings=settings)
-    app.add_middleware(RateLimitMiddleware, rate=settings.rate_limit_per_s,
-                       burst=settings.rate_limit_burst)
+    app.add_middleware(RateLimitMiddleware, settings=settings)
     app.add_middleware(PrometheusMiddleware, metrics=app.state.metrics)
+    app.add_middleware(SecurityHeadersMiddleware)
+    if settings.allowed_hosts != ["*"]:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts)
+    install_access_log_filter()
 
     install_error_handlers(app)
     app.include_router(_v1_router())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -59,13 +59,36 @@ def _unauthorized(message: str) -> ApiError:
     return ApiError(401, message, headers={"WWW-Authenticate": "Bearer"})
 
 
-def _lookup_tenant(request: Request, key: str) -> Tenant | None:
+def _lookup_tenant(make_session: sessionmaker[Session], key: str) -> Tenant | None:
     """The key's tenant from a session of its own, closed at once (the row is detached;
     its loaded columns, id and name, stay readable)."""
-    with request.app.state.sessionmaker(expire_on_commit=False) as session:
+    with make_session(expire_on_commit=False) as session:
         tenant = keys.authenticate(session, key)
         if tenant is not None:
             session.expunge(tenant)
+    return tenant
+
+
+def cached_tenant(state: Any, key: str) -> Tenant | None:
+    """The tenant of `key` if it was found valid within `auth_cache_seconds`, else None."""
+    hit = state.auth_cache.get(keys.hash_key(key))
+    return hit[1] if hit is not None and hit[0] > time.monotonic() else None
+
+
+async def tenant_for_key(state: Any, key: str) -> Tenant | None:
+    """The tenant owning `key` (the app's `state` holds the cache and the sessionmaker), or
+    None. Async so that a cache hit costs no thread-pool hop; a miss queries in a thread.
+    Also called by `api.guards` before a request body is read."""
+    tenant = cached_tenant(state, key)
+    if tenant is not None:
+        return tenant
+    tenant = await run_in_threadpool(_lookup_tenant, state.sessionmaker, key)
+    ttl = state.settings.auth_cache_seconds
+    if tenant is not None and ttl > 0:
+        cache: dict[str, tuple[float, Tenant]] = state.auth_cache
+        if len(cache) >= AUTH_CACHE_MAX:
+            cache.clear()  # crude, but bounded; the next requests simply refill it
+        cache[keys.hash_key(key)] = (time.monotonic() + ttl, tenant)
     return tenant
 
 
@@ -73,25 +96,12 @@ async def get_current_tenant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Tenant:
-    """The tenant owning the bearer key; 401 when the key is missing or unknown.
-
-    Async so that a cache hit costs no thread-pool hop; a miss queries in a worker thread.
-    """
+    """The tenant owning the bearer key; 401 when the key is missing or unknown."""
     if credentials is None or not credentials.credentials:
         raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
-    cache: dict[str, tuple[float, Tenant]] = request.app.state.auth_cache
-    digest = keys.hash_key(credentials.credentials)
-    hit = cache.get(digest)
-    if hit is not None and hit[0] > time.monotonic():
-        return hit[1]
-    tenant = await run_in_threadpool(_lookup_tenant, request, credentials.credentials)
+    tenant = await tenant_for_key(request.app.state, credentials.credentials)
     if tenant is None:
         raise _unauthorized("invalid API key")
-    ttl = request.app.state.settings.auth_cache_seconds
-    if ttl > 0:
-        if len(cache) >= AUTH_CACHE_MAX:
-            cache.clear()  # crude, but bounded; the next requests simply refill it
-        cache[digest] = (time.monotonic() + ttl, tenant)
     return tenant
 
 

@@ -10,10 +10,14 @@ One pure ASGI middleware (BaseHTTPMiddleware would buffer responses and break st
   download or a stream is dropped instead of holding the connection for ever.
 - Requests in flight per API key are capped at `max_concurrent_per_key` (429), and open
   metric streams at `max_streams_per_key` (429), so one key cannot occupy every worker
-  thread or connection. Counters live in this process: with several API processes the cap
+  thread or connection; requests without a key, at `max_concurrent_per_address` per client
+  address. Counters live in this process: with several API processes the cap
   is per process.
 The key is identified by a hash of the bearer token; unknown keys get their own counter but
 are answered 401 (auth runs in a short session of its own, see api.deps) before any work.
+A `/v1` request with a body is authenticated here, before one byte of the body is read: a
+client without a valid key cannot hold a connection open by trickling a body (a 401 right
+after its headers).
 """
 
 from __future__ import annotations
@@ -41,6 +45,21 @@ def bearer_key_id(scope: Scope) -> str | None:
             if scheme.lower() == b"bearer" and token.strip():
                 return hashlib.sha256(token.strip()).hexdigest()[:32]
     return None
+
+
+def bearer_token(scope: Scope) -> str | None:
+    """The request's bearer token, or None when it sends none."""
+    value = _header(scope, b"authorization") or b""
+    scheme, _, token = value.partition(b" ")
+    token = token.strip()
+    return token.decode("latin-1") if scheme.lower() == b"bearer" and token else None
+
+
+async def _authenticated(scope: Scope) -> bool:
+    from api.deps import tenant_for_key
+
+    token = bearer_token(scope)
+    return token is not None and await tenant_for_key(scope["app"].state, token) is not None
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -88,28 +107,38 @@ class GuardMiddleware:
         is_stream = scope["path"].endswith(STREAM_SUFFIX)
         counters, cap = (self.streams, self.s.max_streams_per_key) if is_stream else (
             self.in_flight, self.s.max_concurrent_per_key)
-        if key is not None and counters[key] >= cap:
+        who = "API key"
+        if key is None:  # no key: counted per client address instead
+            client = scope.get("client")
+            key, cap = f"addr:{client[0] if client else '?'}", self.s.max_concurrent_per_address
+            who = "address without an API key"
+        if counters[key] >= cap:
             what = "open metric streams" if is_stream else "requests in flight"
-            await error_response(429, f"too many {what} for this API key (at most {cap})",
+            await error_response(429, f"too many {what} for this {who} (at most {cap})",
                                  type_="too_many_requests", headers={"Retry-After": "1"})(
                 scope, receive, send)
             return
-        if key is not None:
-            counters[key] += 1
+        counters[key] += 1
         try:
             await self._guarded(scope, receive, send)
         finally:
-            if key is not None:
-                counters[key] -= 1
-                if counters[key] <= 0:
-                    del counters[key]
+            counters[key] -= 1
+            if counters[key] <= 0:
+                del counters[key]
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         timed = _Deadline(receive, self.s.body_idle_timeout_s, self.s.body_timeout_s)
         send = self._timed_send(send)
         ctype = (_header(scope, b"content-type") or b"").lower()
-        if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS") or ctype.startswith(
-                b"multipart/form-data"):
+        if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            await self.app(scope, timed, send)
+            return
+        if scope["path"].startswith("/v1/") and not await _authenticated(scope):
+            await error_response(401, "missing or invalid API key: send `Authorization: Bearer "
+                                 "<key>`", headers={"WWW-Authenticate": "Bearer"})(
+                scope, receive, send)
+            return
+        if ctype.startswith(b"multipart/form-data"):
             await self.app(scope, timed, send)
             return
         try:

@@ -6,6 +6,9 @@ shows exactly this app's numbers.
 
 Requests are labelled by the route *template* (`/v1/jobs/{job_id}`), never the raw path, so
 that the number of series stays bounded; requests matching no route share `<unmatched>`.
+Per-route counts and latencies show what the tenants do (who cancels, who uploads, when), so
+they live in the private registry, shown only with the operator's metrics token, like the
+job counts; anyone else sees `brorl_http_responses_total` by status class only.
 The `brorl_jobs` gauge is computed when Prometheus scrapes, from the database, so it is
 right however many API replicas run and whoever changed the jobs (the worker, the reaper).
 """
@@ -31,10 +34,14 @@ UNMATCHED = "<unmatched>"
 
 
 class ApiMetrics:
-    """The per-app metric objects."""
+    """The per-app metric objects: `public` totals, per-route series in `registry`."""
 
-    def __init__(self, registry: CollectorRegistry):
+    def __init__(self, registry: CollectorRegistry, public: CollectorRegistry | None = None):
         self.registry = registry
+        self.public = public if public is not None else CollectorRegistry()
+        self.responses = Counter(
+            "brorl_http_responses", "HTTP responses by status class (1xx-5xx).", ["class"],
+            registry=self.public)
         self.requests = Counter(
             "brorl_http_requests", "HTTP requests handled.",
             ["method", "route", "status"], registry=registry)
@@ -97,4 +104,5 @@ class PrometheusMiddleware:
             # The router fills scope["route"] in place, so the template is known by now.
             labels = (scope["method"], _route_template(scope), str(status["code"]))
             self.metrics.requests.labels(*labels).inc()
+            self.metrics.responses.labels(f"{str(status['code'])[:1]}xx").inc()
             self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)

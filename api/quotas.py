@@ -3,7 +3,9 @@
 Checked against the database when something is created, so they hold across API processes.
 Two creations racing past the last free slot can both pass (check, then insert): a quota is
 a guard against runaway use, not an exact accounting, so one over is accepted.
-Open metric streams are also capped per tenant in each API process (`StreamSlots`), and
+Open metric streams and uploads in progress are also capped per tenant in each API process
+(`StreamSlots`: one tenant's parallel uploads parse, hash and write on the same cores as
+every other tenant's requests; docs/hardening.md has the figures), and
 per key with requests in flight in `api.guards`; a job's disk use is
 bounded by the spec (`checkpoint.keep_last` at most 100).
 """
@@ -47,15 +49,17 @@ def check_dataset_quota(session: Session, settings: Settings, tenant_id: int,
 
 
 class StreamSlots:
-    """Open metric streams per tenant in this API process (`max_streams_per_tenant`)."""
+    """Things a tenant has open in this API process: metric streams (`max_streams_per_tenant`),
+    uploads in progress (`max_concurrent_uploads_per_tenant`); `what` names them in the 429."""
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = "open metric streams") -> None:
         self._open: dict[int, int] = defaultdict(int)
+        self.what = what
 
     def acquire(self, tenant_id: int, limit: int) -> Callable[[], None]:
         """Take a slot or raise 429; returns a release function that is safe to call twice."""
         if self._open[tenant_id] >= limit:
-            raise _exceeded(f"at most {limit} open metric streams per tenant")
+            raise _exceeded(f"at most {limit} {self.what} per tenant")
         self._open[tenant_id] += 1
         released = False
 

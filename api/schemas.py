@@ -163,3 +163,5 @@ class DatasetPublic(_Public):
 class StatusPublic(BaseModel):
     status: str
     checks: dict[str, str] | None = None
+    sandbox: str | None = Field(None, description="/readyz: the grader sandbox layer "
+                                "(bubblewrap, landlock, unsafe or none).")

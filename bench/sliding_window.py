@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 from transformers import MistralConfig, MistralForCausalLM  # noqa: E402
 
-from trainer import update  # noqa: E402
+from trainer.optim import update  # noqa: E402
 from trainer.rollouts import Rollouts  # noqa: E402
 
 VOCAB, WINDOW = 256, 32

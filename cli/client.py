@@ -169,6 +169,17 @@ class BrorlClient:
                 raise TimeoutError(f"job {job_id} still {job['status']} after {timeout}s")
             time.sleep(poll)
 
+    # ------------------------------------------------------------------ probes
+
+    def create_probe(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/v1/probes", json=body)
+
+    def get_probe(self, probe_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/probes/{probe_id}")
+
+    def cancel_probe(self, probe_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/v1/probes/{probe_id}/cancel")
+
     def events(self, job_id: str, after: int | str | None = None) -> dict[str, Any]:
         params = {"after": after} if after is not None else {}
         return self._json("GET", f"/v1/jobs/{job_id}/events", params=params)
@@ -266,6 +277,17 @@ class BrorlClient:
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/datasets/{dataset_id}")
+
+    # ------------------------------------------------------------------ graders
+
+    def validate_grader(self, grader: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/v1/graders/validate", json={"grader": grader})
+
+    def run_grader(self, grader: dict[str, Any], model_sample: str | dict[str, Any],
+                   item: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._json("POST", "/v1/graders/run",
+                          json={"grader": grader, "model_sample": model_sample,
+                                "item": item or {}})
 
     # ------------------------------------------------------------------ health
 

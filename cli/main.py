@@ -4,14 +4,16 @@
 - cli.server:   runs the service (up, demo, worker, migrate, keys)
 - cli.local:    runs the trainer with no server (train, eval, schedule)
 - cli.evidence: the paper's claims on your hardware (simulate)
+- cli.probe:    the pass@k probe and its recommendation (here or on the service)
+- cli.graders:  tries a grader on the service (graders validate, graders run)
 Heavy imports (torch, FastAPI, Celery) happen inside the commands, so `brorl --help` is quick.
 """
 import typer
 
-from cli import evidence, local, remote, server
+from cli import evidence, graders, local, probe, remote, server
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="BroRL as a service.")
-for module in (remote, server, local, evidence):
+for module in (remote, server, local, evidence, graders, probe):
     module.register(app)
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ LOCAL_TENANT = "local"
 # --------------------------------------------------------------------------- helpers
 
 
+UP_LIMIT_CONCURRENCY = 1000  # uvicorn's cap on connections + requests at once (then 503s)
+
+
 def _use_data_dir(data_dir: Path | None) -> None:
     """Point this process and its children at `data_dir` (absolute, so cwd doesn't matter)."""
     if data_dir is not None:
@@ -215,8 +218,11 @@ def _up(host: str, port: int, data_dir: Optional[Path], stop_timeout: float) -> 
     console.print(f"Dashboard (logs this browser tab in): {dashboard_url(url, key)}", highlight=False,
                   soft_wrap=True)
     sys.stdout.flush()
+    # --limit-concurrency: past that many connections and requests at once uvicorn answers
+    # 503 instead of accepting more (docs/hardening.md: what is bounded where).
     api_argv = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory",
-                "--host", host, "--port", str(port), "--timeout-graceful-shutdown", "5"]
+                "--host", host, "--port", str(port), "--timeout-graceful-shutdown", "5",
+                "--limit-concurrency", str(UP_LIMIT_CONCURRENCY)]
     # `kill -USR1 <pid>` prints where every thread of `brorl up` is (for a stop that hangs).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     procs = {"api": _spawn(api_argv)}

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, Text, and_, bindparam, cast, func, or_, select
 from sqlalchemy.orm import Session
 
-from store.models import Checkpoint, Job, JobEvent, JobSample, JobStatus, Metric
+from store.models import Checkpoint, Job, JobEvent, JobKind, JobSample, JobStatus, Metric
 
 # Every read of a job overwrites the session's copy: the state machine's compare-and-set
 # UPDATEs bypass loaded objects, and a long-lived session (expire_on_commit=False) must never
@@ -20,9 +20,10 @@ from store.models import Checkpoint, Job, JobEvent, JobSample, JobStatus, Metric
 _FRESH = {"populate_existing": True}
 
 
-def get_job(s: Session, tenant_id: int, job_id: str) -> Job | None:
-    """The tenant's job, or None (also when it belongs to another tenant)."""
-    query = select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id)
+def get_job(s: Session, tenant_id: int, job_id: str, kind: JobKind = JobKind.train) -> Job | None:
+    """The tenant's job of `kind`, or None (also when it belongs to another tenant: a probe
+    is not a training job and vice versa, so neither route answers for the other's ids)."""
+    query = select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id, Job.kind == JobKind(kind))
     return s.scalar(query.execution_options(**_FRESH))
 
 def get_job_unscoped(s: Session, job_id: str) -> Job | None:
@@ -51,6 +52,7 @@ def list_jobs(
     limit: int = 20,
     after: str | None = None,
     status: JobStatus | None = None,
+    kind: JobKind = JobKind.train,
 ) -> tuple[list[Job], bool]:
     """The tenant's jobs newest first; `after` is the last id of the previous page.
 
@@ -58,7 +60,7 @@ def list_jobs(
     Returns (jobs, has_more). The API shows an overview of each spec (model, task, schedule),
     never the whole spec; specs are size-bounded at submission (trainer/spec.py).
     """
-    query = select(Job).where(Job.tenant_id == tenant_id)
+    query = select(Job).where(Job.tenant_id == tenant_id, Job.kind == JobKind(kind))
     if status is not None:
         query = query.where(Job.status == JobStatus(status))
     if after is not None:

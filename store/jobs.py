@@ -46,11 +46,12 @@ from store.models import (
     EventType,
     Job,
     JobEvent,
+    JobKind,
     JobSample,
     JobStatus,
     Metric,
     UTCDateTime,
-    new_job_id,
+    new_id,
     utcnow,
 )
 
@@ -58,7 +59,8 @@ __all__ = [
     "Claim", "add_event", "claim", "count_jobs_by_status", "create_job", "finish",
     "get_checkpoint", "get_job", "get_job_unscoped", "heartbeat", "job_gpus", "latest_checkpoint",
     "list_checkpoints", "list_events", "list_jobs", "list_metrics", "reap_expired",
-    "record_checkpoint", "record_metrics", "request_cancel", "retry_or_fail", "spec_hash",
+    "record_checkpoint", "record_metrics", "record_progress", "record_result", "request_cancel",
+    "retry_or_fail", "spec_hash",
 ]
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -76,6 +78,7 @@ class Claim:
     attempt: int
     spec: dict[str, Any]
     tenant_id: int
+    kind: JobKind = JobKind.train
 
 
 def spec_hash(spec: dict[str, Any]) -> str:
@@ -109,13 +112,14 @@ def create_job(
     total_steps: int,
     name: str,
     idempotency_key: str | None = None,
+    kind: JobKind = JobKind.train,
 ) -> tuple[Job, bool]:
     """Insert a queued job (with a `created` event); returns (job, created).
 
     With an idempotency key, a retry with the same spec returns the first job (created False)
     and one with a different spec raises IdempotencyConflict. Two racing first requests are
     settled by the unique (tenant_id, idempotency_key) constraint: the loser's transaction is
-    rolled back and it answers like a retry.
+    rolled back and it answers like a retry. `kind` probe: a pass@k probe (id `prb_...`).
     """
     request_hash = spec_hash(spec) if idempotency_key else None
     if idempotency_key:
@@ -123,7 +127,8 @@ def create_job(
         if existing is not None:
             return _replay(existing, request_hash), False
     job = Job(
-        id=new_job_id(), tenant_id=tenant_id, name=name, spec=spec, status=JobStatus.queued,
+        id=new_id(kind), kind=JobKind(kind), tenant_id=tenant_id, name=name, spec=spec,
+        status=JobStatus.queued,
         total_steps=total_steps, idempotency_key=idempotency_key, request_hash=request_hash,
     )
     s.add(job)
@@ -154,16 +159,16 @@ def _replay(existing: Job, request_hash: str | None) -> Job:
     return existing
 
 
-def request_cancel(s: Session, tenant_id: int, job_id: str) -> Job:
+def request_cancel(s: Session, tenant_id: int, job_id: str, kind: JobKind = JobKind.train) -> Job:
     """Cancel a job: queued -> cancelled now; running -> cancel_requested (the worker stops at
     its next step); finished -> InvalidTransition naming the state; unknown -> NotFound.
 
     Each branch is a compare-and-set; if a worker claims the job between our read and our
     write, the queued branch matches nothing and we retry as running.
     """
-    job = get_job(s, tenant_id, job_id)
+    job = get_job(s, tenant_id, job_id, kind)
     if job is None:
-        raise NotFound(f"job {job_id} not found")
+        raise NotFound(f"{'probe' if kind == JobKind.probe else 'job'} {job_id} not found")
     for _ in range(3):
         now = utcnow()
         if job.status == JobStatus.queued:
@@ -221,7 +226,7 @@ def claim(s: Session, job_id: str, worker_id: str, lease_seconds: float) -> Clai
             started_at=func.coalesce(Job.started_at, literal(now, UTCDateTime())),
             updated_at=now,
         )
-        .returning(Job.attempt, Job.spec, Job.tenant_id)
+        .returning(Job.attempt, Job.spec, Job.tenant_id, Job.kind)
         .execution_options(**_NO_SYNC)
     )
     row = s.execute(stmt).one_or_none()
@@ -232,7 +237,8 @@ def claim(s: Session, job_id: str, worker_id: str, lease_seconds: float) -> Clai
     # (the lease_owner column keeps it for operators).
     _event(s, job_id, EventType.started, attempt=row.attempt)
     s.commit()
-    return Claim(job_id=job_id, attempt=row.attempt, spec=row.spec, tenant_id=row.tenant_id)
+    return Claim(job_id=job_id, attempt=row.attempt, spec=row.spec, tenant_id=row.tenant_id,
+                 kind=JobKind(row.kind))
 
 
 def _fenced_update(s: Session, job_id: str, attempt: int, **values: Any) -> bool:
@@ -279,6 +285,22 @@ def record_metrics(
     _fenced_update(s, job_id, attempt, step=step)
     _upsert(s, Metric, ["job_id", "step"],
             {"job_id": job_id, "step": step, "values": values, "created_at": utcnow()})
+
+
+def record_progress(s: Session, job_id: str, attempt: int, done: int, total: int,
+                    data: dict[str, Any] | None = None) -> bool:
+    """A probe's progress: `step`/`total_steps` become samples done / total, with a `progress`
+    event. Fenced; returns whether a cancel was requested (a progress write is a heartbeat's
+    reading of the flag too)."""
+    cancel = _fenced_update(s, job_id, attempt, step=done, total_steps=total)
+    _event(s, job_id, EventType.progress, done=done, total=total, attempt=attempt, **(data or {}))
+    return cancel
+
+
+def record_result(s: Session, job_id: str, attempt: int, result: dict[str, Any]) -> None:
+    """Store a probe's result. Fenced: an attempt that lost the job writes nothing, so a probe
+    retried after a dead worker ends with the one result of the attempt that finished."""
+    _fenced_update(s, job_id, attempt, result=result)
 
 
 def _clean(text: str) -> str:

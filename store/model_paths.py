@@ -17,8 +17,9 @@ from pathlib import Path
 from store.settings import Settings
 from trainer.spec import TINY_MODEL
 
-# owner/name as the hub spells it; no "..", no leading dot or slash.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
+# owner/name as the hub spells it; no "..", no leading dot or slash. \Z, not $: "$" also
+# matches before a final newline ("gpt2\n" is no hub id); ASCII: \w would take any script.
+_HUB_ID = re.compile(r"\A[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?\Z", re.ASCII)
 
 
 def _is_local(path: str) -> bool:

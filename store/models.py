@@ -107,6 +107,21 @@ def new_job_id() -> str:
     return f"job_{new_ulid()}"
 
 
+class JobKind(StrEnum):
+    """What a job row runs: a training job, or a pass@k probe (trainer/probe.py). Both share
+    the row, the state machine (claim, heartbeat, fencing, cancel, reaper) and the queues."""
+
+    train = "train"
+    probe = "probe"
+
+
+ID_PREFIX = {JobKind.train: "job", JobKind.probe: "prb"}
+
+
+def new_id(kind: "JobKind") -> str:
+    return f"{ID_PREFIX[JobKind(kind)]}_{new_ulid()}"
+
+
 # --------------------------------------------------------------------------- enums
 
 
@@ -138,6 +153,8 @@ class EventType(StrEnum):
     succeeded = "succeeded"
     warning = "warning"      # the trainer says a job cannot learn (see trainer.loop.stall_reason)
     broadened = "broadened"  # rollout.broaden started a wider stage on a plateau (trainer.loop)
+    progress = "progress"    # a probe's samples done of its total (worker.probe_runner)
+    broaden_skipped = "broaden_skipped"  # rollout.broaden trigger probe found too little to broaden for
 
 
 def _str_enum(cls: type[StrEnum]) -> Enum:
@@ -185,6 +202,8 @@ class Job(Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=new_job_id)
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    kind: Mapped[JobKind] = mapped_column(_str_enum(JobKind), default=JobKind.train,
+                                          server_default=JobKind.train.value)
     name: Mapped[str] = mapped_column(String(200))
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
     status: Mapped[JobStatus] = mapped_column(
@@ -204,6 +223,7 @@ class Job(Base):
     total_steps: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
     warning: Mapped[str | None] = mapped_column(Text)   # the trainer's latest warning event
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # a probe's figures
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str | None] = mapped_column(String(64))
 

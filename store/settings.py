@@ -81,15 +81,27 @@ class Settings(BaseSettings):
     # Per API key, per API process: requests in flight (streams not counted) and open streams.
     max_concurrent_per_key: int = 8
     max_streams_per_key: int = 5
+    # Requests in flight without an API key (probes, /docs, the dashboard's files), per address.
+    max_concurrent_per_address: int = 32
     # Token bucket per API key, per API process; 0 turns rate limiting off.
     rate_limit_per_s: float = 20
     rate_limit_burst: int = 40
+    # Per client address, per API process, for requests without a key (the probes, /docs, the
+    # dashboard's files) and for failed authentications (each 401 takes a token; an address
+    # out of them gets 429s until they refill). 0 turns either off.
+    anon_rate_limit_per_s: float = 20
+    anon_rate_limit_burst: int = 100
+    auth_failures_per_s: float = 1
+    auth_failures_burst: int = 20
     # Per tenant, checked in the database when a job or dataset is created.
     max_active_jobs_per_tenant: int = 20
     max_datasets_per_tenant: int = 100
     max_dataset_bytes_per_tenant: int = 10 * 1024 * MIB
     max_dataset_line_bytes: int = 1 * MIB
     max_streams_per_tenant: int = 20  # open metric streams, per API process
+    # Uploads in progress per tenant, per API process: parsing, hashing and validating one
+    # costs CPU on the cores every tenant shares (docs/hardening.md, "Uploads").
+    max_concurrent_uploads_per_tenant: int = 2
     # `model.path` may be builtin:tiny, a folder under one of these roots (os.pathsep-separated),
     # or, only when allow_hub_models is true, a hub id. Workers run hub-offline otherwise.
     model_roots: str = ""
@@ -97,6 +109,15 @@ class Settings(BaseSettings):
     # A key found valid is trusted for this long without asking the database again (one
     # query less per request); a revoked key therefore stops working within this time.
     auth_cache_seconds: float = 5
+    # Before a job is accepted its reasoning-gym config builds a few examples in a child
+    # process with these limits (api/task_probe.py); 0 s turns the probe off. Per API process,
+    # at most max_concurrent_task_probes such children run at once.
+    task_probe_timeout_s: float = Field(10, ge=0)
+    task_probe_memory_mb: int = Field(1024, ge=64)
+    max_concurrent_task_probes: int = Field(2, ge=1)
+    # Host headers the API answers (comma-separated, `*.example.com` allowed); others are a
+    # 400. The default `*` answers any: set it in production (api/headers.py).
+    allowed_hosts: Annotated[list[str], NoDecode] = ["*"]
     # `/metrics` shows per-status job counts only to `Authorization: Bearer <metrics_token>`.
     metrics_token: str = ""
     worker_id: str = Field(default_factory=_default_worker_id)
@@ -118,6 +139,13 @@ class Settings(BaseSettings):
             Path(artifact_dir).expanduser() if artifact_dir else data_dir / "artifacts"
         )
         return data
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _parse_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [h.strip() for h in value.split(",") if h.strip()]
+        return list(value) or ["*"]
 
     @field_validator("gpu_counts", mode="before")
     @classmethod

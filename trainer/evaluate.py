@@ -5,12 +5,15 @@ Runs the eval split through the same rollout engine at the spec's eval temperatu
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 from trainer.algo.passk import pass_at_k_mean
 from trainer.rollouts import SamplingConfig
 from trainer.spec import JobSpec
+from trainer.stop import never
 
 
 @dataclass
@@ -39,29 +42,42 @@ def evaluate(ctx: EvalContext, spec: JobSpec, seed: int) -> dict[str, float]:
     return out
 
 
-def evaluate_checkpoint(spec: JobSpec, model_dir, dataset_path=None) -> dict[str, float]:
-    """`brorl eval`: load a checkpoint folder and evaluate it on the spec's held-out split."""
-    from trainer.run import _encode
+@contextmanager
+def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | None = None,
+           max_num_seqs: int | None = None, stop_check: Callable[[], None] = never) -> Iterator[EvalContext]:
+    """An `EvalContext` over the spec's held-out split (its first `prompts` examples when
+    given), with the model of `model_dir`, or the spec's own model when None (builtin:tiny is
+    warm-started then); engine and scorer are closed on exit. `max_num_seqs`: the most samples
+    one generate call will ask for (default: every eval prompt x eval.samples_per_prompt)."""
     from trainer.engines import make_engine
     from trainer.models.loading import load_policy, resolve_device
+    from trainer.run import _encode, model_dir_for
     from trainer.tasks import build_task
     from trainer.tasks.prompts import render_prompt
-    from trainer.tasks.scoring import Scorer
+    from trainer.graders.scorer import make_scorer
 
     from trainer.checkpoints.format import MERGED_DIR, is_lora
 
     if is_lora(model_dir):  # a LoRA checkpoint: its merged/ folder is the same model, no peft
         model_dir = Path(model_dir) / MERGED_DIR
     task = build_task(spec.task, spec.seed, dataset_path)
-    policy, tokenizer = load_policy(model_dir, spec.model.dtype, resolve_device(), master_fp32=False)
-    prompt_ids = _encode(tokenizer, [render_prompt(ex.question, spec.task.prompt_template, tokenizer)
-                                     for ex in task.eval])
-    max_len = max(len(p) for p in prompt_ids) + spec.rollout.max_new_tokens
-    engine = make_engine(spec.rollout.engine, model_dir, policy, tokenizer, dtype=spec.model.dtype,
-                         seed=spec.seed, max_model_len=max_len,
-                         max_num_seqs=len(prompt_ids) * spec.eval.samples_per_prompt)
-    with Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward) as scorer:
+    examples = task.eval[:prompts] if prompts is not None else task.eval
+    with make_scorer(spec, task) as scorer:
+        model_dir = Path(model_dir) if model_dir is not None else model_dir_for(spec, task, scorer, stop_check)
+        policy, tokenizer = load_policy(model_dir, spec.model.dtype, resolve_device(), master_fp32=False)
+        prompt_ids = _encode(tokenizer, [render_prompt(ex.question, spec.task.prompt_template, tokenizer)
+                                         for ex in examples])
+        max_len = max(len(p) for p in prompt_ids) + spec.rollout.max_new_tokens
+        engine = make_engine(spec.rollout.engine, model_dir, policy, tokenizer, dtype=spec.model.dtype,
+                             seed=spec.seed, max_model_len=max_len,
+                             max_num_seqs=max_num_seqs or len(prompt_ids) * spec.eval.samples_per_prompt)
         try:
-            return evaluate(EvalContext(engine, tokenizer, scorer, task.eval, prompt_ids), spec, seed=spec.seed)
+            yield EvalContext(engine, tokenizer, scorer, examples, prompt_ids)
         finally:
             engine.close()
+
+
+def evaluate_checkpoint(spec: JobSpec, model_dir, dataset_path=None) -> dict[str, float]:
+    """`brorl eval`: load a checkpoint folder and evaluate it on the spec's held-out split."""
+    with opened(spec, model_dir, dataset_path) as ctx:
+        return evaluate(ctx, spec, seed=spec.seed)

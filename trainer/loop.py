@@ -15,13 +15,13 @@ from typing import Callable
 
 from trainer.checkpoints import io as checkpoint
 from trainer.dist import collectives as distributed
-from trainer.run import RESUMED_COUNTERS, Run, build_run
+from trainer.run import RESUMED_COUNTERS, Run, build_run, spec_sha256
 from trainer.prompt_stream import mix_seed
 from trainer.evaluate import EvalContext, evaluate
 from trainer.algo.schedule import broaden, stage_for_step, stage_warning
 from trainer.result import TrainResult
 from trainer.sink import MetricsSink
-from trainer.spec import JobSpec
+from trainer.spec import JobSpec, changed_fields
 from trainer.step import run_step
 from trainer.stop import StopRequested, never, stop_check
 
@@ -95,6 +95,25 @@ def _check_gaming(run: Run, sink: MetricsSink, step: int, values: dict, evaluate
         log.warning(message)
 
 
+def _check_resumed_spec(run: Run, sink: MetricsSink) -> None:
+    """A run resumed under a spec other than its checkpoint's continues with the new spec and
+    says which fields changed, in a `warning` event (docs/resume.md); later checkpoints record
+    the new spec."""
+    now = run.spec.model_dump(mode="json")
+    digest = spec_sha256(run.spec)
+    if run.state.spec_sha256 == digest:
+        return
+    saved = run.state.spec
+    changed = changed_fields(saved, now) if saved is not None else []
+    what = (", ".join(changed) if changed else
+            "unknown fields (the checkpoint predates saved specs; only its hash differs)")
+    message = (f"resumed from step {run.state.step} with a spec that differs from the checkpoint's "
+               f"in: {what}; the run continues with the new values")
+    sink.event("warning", {"step": run.state.step, "message": message, "changed_fields": changed})
+    log.warning(message)
+    run.state.spec_sha256, run.state.spec = digest, now
+
+
 def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
     """`rollout.broaden`: after an evaluation at `step` (steps completed), start a wider stage
     at the next step when the metric has not risen by min_delta over `patience` evaluations."""
@@ -110,12 +129,39 @@ def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None
     prev, new = stage_for_step(run.plans, step - 1), plans[-1]
     reason = (f"{b.metric} did not rise by {b.min_delta} over {b.patience} evaluations "
               f"(best {run.plateau.best:.4f}, now {values[b.metric]:.4f})")
+    extra = {}
+    if b.trigger == "probe":
+        figures = _probe_current(run, step, prev.n)
+        extra = {"probe": figures}
+        if (figures["solvable_all_wrong"] or 0.0) < b.min_solvable:
+            # Nothing a wider batch would find: stay, and look again after `patience` evaluations.
+            run.plateau.since = 0
+            sink.event("broaden_skipped", {"step": step, "reason": reason, "n": prev.n,
+                                           "min_solvable": b.min_solvable, "probe": figures})
+            log.info("plateau at step %d, but the probe found %.3f solvable all-wrong prompts at n %d "
+                     "(< %.3f): not broadening", step, figures["solvable_all_wrong"] or 0.0, prev.n,
+                     b.min_solvable)
+            return
+        reason += (f"; the probe found {figures['solvable_all_wrong']:.3f} of prompts all-wrong at "
+                   f"n {prev.n} yet solved within {figures['n']} (>= {b.min_solvable})")
     run.plans = plans
     run.state.broaden_starts = [*run.state.broaden_starts, step]
     run.plateau.best, run.plateau.since = values[b.metric], 0  # the new stage gets `patience` evals
     sink.event("broadened", {"step": step, "reason": reason, "from_n": prev.n, "n": new.n,
-                             "prompts_per_step": new.prompts_per_step, "lr": new.lr, "stage": new.index})
+                             "prompts_per_step": new.prompts_per_step, "lr": new.lr, "stage": new.index,
+                             **extra})
     log.info("broadened at step %d: n %d -> %d (%s)", step, prev.n, new.n, reason)
+
+
+def _probe_current(run: Run, step: int, at_n: int) -> dict:
+    """`rollout.broaden.trigger: probe`: probe the current policy on the eval prompts."""
+    from trainer.probe import probe_policy
+
+    b = run.spec.rollout.broaden
+    ctx = EvalContext(run.engine, run.tokenizer, run.scorer, run.task.eval, run.eval_ids)
+    figures = probe_policy(ctx, run.spec, b.probe_n, b.probe_prompts, at_n, run.stop_check,
+                           seed=mix_seed(run.spec.seed, 15485863, step))
+    return distributed.from_rank0(figures)
 
 
 def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool],
@@ -143,6 +189,8 @@ def _run_steps(run: Run, sink: MetricsSink, should_stop: Callable[[], bool],
     start = done = run.state.step  # `done`: steps whose update, metrics and eval all finished
     last_eval, last_ckpt, stopped = None, None, False
     try:
+        if resume is not None:
+            _check_resumed_spec(run, sink)
         if start == 0:
             last_eval = _evaluate(run, sink, 0)
             sink.metrics(0, {**last_eval, "stage": 0, "n": run.plans[0].n})
@@ -180,6 +228,7 @@ def _step(run: Run, sink: MetricsSink, step: int, start: int,
         evaluated = _evaluate(run, sink, step)
         values.update(evaluated)
     sink.metrics(step, values)
+    run.grader_watch.check(step, spec.task.grader_error_fraction, spec.task.grader_error_steps)
     _check_stall(run, sink, step, values)
     _check_gaming(run, sink, step, values, evaluated)
     if evaluated is not None:
@@ -189,7 +238,7 @@ def _step(run: Run, sink: MetricsSink, step: int, start: int,
     # Reset the reference before checkpointing so that a checkpoint holds the state after
     # the whole step (a resume then never has to replay the reset).
     if run.ref is not None and _due(spec.algo.ref_reset_every or 0, step):
-        run.ref.load_state_dict(distributed.full_state_dict(run.policy))
+        distributed.copy_weights(run.ref, run.policy)  # shard by shard on ranks
         run.state.ref_step = step
     saved = _checkpoint(run, sink, step) if _due(spec.checkpoint.every, step) or step == spec.total_steps else None
     return evaluated, saved

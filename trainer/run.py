@@ -18,7 +18,7 @@ import torch
 from trainer.checkpoints import io as checkpoint
 from trainer.dist import collectives as distributed
 from trainer.prompt_stream import PromptStream
-from trainer.engines import make_engine
+from trainer.engines import default_engine, make_engine
 from trainer.models.loading import compute_dtype, load_policy, resolve_device
 from trainer.models.lora import load_lora_policy, trainable_parameters
 from trainer.algo.advantages import ADVANTAGES, AdvantageFn
@@ -32,6 +32,7 @@ from trainer.stop import never
 from trainer.tasks import build_task
 from trainer.tasks.base import Task
 from trainer.tasks.prompts import render_prompt, target_completion
+from trainer.graders.scorer import GraderErrorWatch, make_scorer
 from trainer.tasks.scoring import Scorer
 from trainer.threads import configure_threads
 
@@ -53,7 +54,7 @@ class Run:
     ref: torch.nn.Module | None
     optimizer: torch.optim.Optimizer
     engine: object
-    scorer: Scorer
+    scorer: Scorer                               # or a GraderScorer (task.grader): one interface
     stream: PromptStream
     plans: list[StagePlan]
     state: checkpoint.TrainerState
@@ -70,6 +71,7 @@ class Run:
     plateau: Plateau = field(default_factory=Plateau)  # rollout.broaden's memory of the metric
     gaming: GamingWatch = field(default_factory=GamingWatch)  # reward up, eval down (not resumed)
     stop_check: Callable[[], None] = never       # raises StopRequested inside long phases
+    grader_watch: GraderErrorWatch = field(default_factory=GraderErrorWatch)  # (not resumed)
 
     def close(self) -> None:
         self.scorer.close()
@@ -87,12 +89,16 @@ def cache_dir() -> Path:
 def tiny_model_key(spec: JobSpec) -> str:
     """Cache key of the builtin:tiny model for this spec: its task and seed (and the build's
     version, bumped whenever the warm start changes so stale cached models are not reused;
-    v3: the stopping probe moved from the eval split to a validation slice of train)."""
-    key_src = {"task": spec.task.model_dump(mode="json"), "seed": spec.seed, "v": 3}
+    v3: the stopping probe moved from the eval split to a validation slice of train). The
+    job's grader is left out: the warm start learns the task's answers and stops on its
+    built-in verifier whatever the job's reward (`_warm_started`)."""
+    task = spec.task.model_dump(mode="json", exclude=GRADER_FIELDS)
+    key_src = {"task": task, "seed": spec.seed, "v": 3}
     return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
 
 
 WARM_PROBE_SIZE = 64
+GRADER_FIELDS = {"grader", "grader_error_fraction", "grader_error_steps"}
 
 
 def warm_start_probe(task: Task, size: int = WARM_PROBE_SIZE) -> list:
@@ -145,12 +151,27 @@ def prepare_tiny_model(spec: JobSpec, dataset_path: Path | None, stop_check: Cal
     where a cancel reaches it, before many ranks, or a test's runs, find it there."""
     if spec.model.path != TINY_MODEL:
         return
-    task = build_task(spec.task, spec.seed, dataset_path)
+    task = build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
     scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
     try:
         _tiny_model_dir(spec, task, scorer, stop_check, **build)
     finally:
         scorer.close()
+
+
+def _warm_started(spec: JobSpec, task: Task, scorer, stop_check: Callable[[], None]) -> Path:
+    """builtin:tiny for this job; its warm start stops on the task's built-in verifier even
+    when a grader rewards the job (so the cached model is the same for every reward)."""
+    if spec.task.grader is None:
+        return _tiny_model_dir(spec, task, scorer, stop_check)
+    with Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward) as verifier:
+        return _tiny_model_dir(spec, task, verifier, stop_check)
+
+
+def model_dir_for(spec: JobSpec, task: Task, scorer, stop_check: Callable[[], None] = never) -> Path:
+    """The folder the spec's model loads from: builtin:tiny is warm-started (or found in the
+    cache) here; any other path is used as it is."""
+    return _warm_started(spec, task, scorer, stop_check) if spec.model.path == TINY_MODEL else Path(spec.model.path)
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -166,10 +187,10 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     torch.manual_seed(spec.seed)
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
     device = resolve_device()
-    task = build_task(spec.task, spec.seed, dataset_path)
-    scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
+    task = build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
+    scorer = make_scorer(spec, task)
     try:
-        model_dir = _tiny_model_dir(spec, task, scorer, stop_check) if spec.model.path == TINY_MODEL else Path(spec.model.path)
+        model_dir = model_dir_for(spec, task, scorer, stop_check)
     except BaseException:  # a stop during the warm start: the scorer's processes go too
         scorer.close()
         raise
@@ -183,22 +204,27 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
         policy, tokenizer = load_policy(source, spec.model.dtype, device,
                                         gradient_checkpointing=spec.model.gradient_checkpointing)
     if spec.algo.kl_coef > 0 and spec.model.lora is None:
-        # The reference is never trained: it may live in the compute dtype (half the memory).
-        # On many ranks each holds a whole copy (sharding it too is a later step, docs/many-gpus.md).
+        # The reference is never trained: it may live in the compute dtype (half the memory);
+        # on many ranks it is sharded like the policy (each rank holds 1 / ranks of it).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
     engine_model = policy
     if distributed.active():
-        # The rollout engine keeps a whole float32 copy, refreshed from the gathered weights.
-        engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        # The HF engine generates with a whole float32 copy, refreshed from the gathered
+        # weights; vLLM holds its own and is verified against the sharded policy (no copy).
+        kind = spec.rollout.engine if spec.rollout.engine != "auto" else default_engine(device)
+        if kind == "hf":
+            engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
         distributed.shard_policy(policy, cdtype)
+        if ref is not None:
+            distributed.shard_policy(ref, cdtype)
     plans = replan(spec, [])
     optimizer = make_optimizer(trainable_parameters(policy), spec.optim, plans[0].lr, device_dtype=cdtype)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
-                                    spec_sha256=spec_sha256(spec))
+                                    spec_sha256=spec_sha256(spec), spec=spec.model_dump(mode="json"))
     if resume:
         state = checkpoint.load_state(Path(resume), optimizer, ref, policy)
         if ref is not None and not (Path(resume) / "trainer_state" / "ref.safetensors").is_file():
-            ref.load_state_dict(distributed.full_state_dict(policy))  # reference == policy at that step
+            distributed.copy_weights(ref, policy)  # reference == policy at that step
         plans = replan(spec, state.broaden_starts)
 
     template = spec.task.prompt_template

@@ -51,6 +51,40 @@ class FieldError(ValueError):
         self.message = message
 
 
+def text_problem(text: str) -> str | None:
+    """Why a database could not store `text`, or None: PostgreSQL refuses NUL in text and
+    JSONB, and no database stores a lone surrogate (it has no UTF-8 encoding)."""
+    if "\x00" in text:
+        return "must not contain NUL (\\u0000) characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode (it holds a lone surrogate)"
+    return None
+
+
+def _first_bad_text(value: Any, path: str, depth: int = 0) -> tuple[str, str] | None:
+    """(dotted path, problem) of the first string in raw input a database would refuse."""
+    if isinstance(value, str):
+        problem = text_problem(value)
+        return (path, problem) if problem else None
+    if depth > 32:
+        return None
+    items: Any = ()
+    if isinstance(value, dict):
+        for key in value:
+            if isinstance(key, str) and text_problem(key):
+                return path or "(body)", f"a key {text_problem(key)}"
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    for key, item in items:
+        found = _first_bad_text(item, f"{path}.{key}" if path else str(key), depth + 1)
+        if found:
+            return found
+    return None
+
+
 # --------------------------------------------------------------------------- model
 
 TINY_MODEL = "builtin:tiny"
@@ -166,15 +200,14 @@ class ReasoningGymTask(_Frozen):
 
     @model_validator(mode="after")
     def _config_is_valid(self) -> "ReasoningGymTask":
-        from reasoning_gym.factory import DATASETS
+        # Bounds on every field (trainer.tasks.config_limits says which and why), then
+        # reasoning-gym's own checks; any exception there is a problem with the config.
+        from trainer.tasks.config_limits import ConfigProblem, check_config
 
-        _, config_cls = DATASETS[self.name]
         try:
-            cfg = config_cls(**self.config)
-            if hasattr(cfg, "validate"):
-                cfg.validate()
-        except (TypeError, ValueError, AssertionError) as exc:
-            raise FieldError("task.reasoning_gym.config", f"invalid for {self.name}: {exc}") from None
+            check_config(self.name, self.config)
+        except ConfigProblem as exc:
+            raise FieldError(exc.field, exc.message) from None
         return self
 
 
@@ -204,8 +237,21 @@ class TaskSpec(_Frozen):
                     "message for chat models); else a text containing {question}, used verbatim (a chat "
                     "model's template must carry its own chat markup).")
     reward: Literal["binary", "score"] = Field(
-        "binary", description="binary: 1 when the verifier's score is 1, else 0; score: the "
-                              "verifier's score in [0, 1] (partial credit).")
+        "binary", description="binary: 1 when the verifier's (or grader's) score is 1, else 0; "
+                              "score: the score itself (partial credit).")
+    grader: dict[str, Any] | None = Field(
+        None, description="Bring your own reward: a grader in OpenAI's reinforcement fine-tuning "
+        "JSON (string_check, text_similarity, python, multi, score_model, label_model) or this "
+        "service's code and verifier types (docs/graders.md, examples/graders/). It replaces the "
+        "dataset's verifier or the reasoning-gym scorer; its `item` is the dataset row (or the "
+        "reasoning-gym entry), its `sample` the completion. null: the built-in verifier.")
+    grader_error_fraction: float = Field(
+        0.5, gt=0, le=1, description="The job fails when more than this share of a step's "
+        "samples have a grader error (the message names the error) for grader_error_steps "
+        "steps in a row.")
+    grader_error_steps: int = Field(
+        3, ge=1, le=1000, description="Steps in a row over grader_error_fraction before the job "
+                                      "fails.")
 
     @field_validator("prompt_template")
     @classmethod
@@ -214,11 +260,54 @@ class TaskSpec(_Frozen):
             raise ValueError("must contain the placeholder {question}")
         return v
 
+    @field_validator("grader")
+    @classmethod
+    def _valid_grader(cls, grader: dict[str, Any] | None) -> dict[str, Any] | None:
+        if grader is not None:
+            check_grader(grader, "task.grader")
+        return grader
+
     @model_validator(mode="after")
     def _exactly_one(self) -> "TaskSpec":
         if (self.reasoning_gym is None) == (self.dataset is None):
             raise FieldError("task", "give exactly one of reasoning_gym or dataset")
         return self
+
+    @model_validator(mode="after")
+    def _grader_or_verifier(self) -> "TaskSpec":
+        if self.grader is not None and self.dataset is not None:
+            for name in ("verifier", "numeric_tolerance"):
+                if name in self.dataset.model_fields_set:
+                    raise FieldError(f"task.dataset.{name}", "give either task.grader or the "
+                                     "dataset's verifier, not both: the grader is the reward "
+                                     "(use a grader of type verifier for a built-in one)")
+        return self
+
+
+def _grader_path(loc: tuple) -> str:
+    """A grader error's location without pydantic's union tags (`python`, `multi`, ...)."""
+    from trainer.graders.models import GRADER_TYPES
+
+    out: list[str] = []
+    for i, part in enumerate(loc):
+        tag_slot = i == 0 or (i >= 2 and loc[i - 2] == "graders")
+        if tag_slot and part in GRADER_TYPES:
+            continue
+        out.append(str(part))
+    return ".".join(out)
+
+
+def check_grader(grader: Any, where: str) -> None:
+    """FieldError naming `where.<path>` when `grader` is not a valid grader (trainer.graders)."""
+    from trainer.graders.models import parse_grader
+
+    try:
+        parse_grader(grader)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        path = _grader_path(tuple(err["loc"]))
+        raise FieldError(f"{where}.{path}" if path else where,
+                         err["msg"].removeprefix("Value error, ")) from None
 
 
 # --------------------------------------------------------------------------- rollout
@@ -265,6 +354,15 @@ class BroadenSpec(_Frozen):
     min_prompts: int = Field(
         8, ge=1, le=8192, description="keep_samples never goes below this many prompts per step: "
         "fewer prompts per update lost what the narrow stage learned (docs/results.md, section 6).")
+    trigger: Literal["plateau", "probe"] = Field(
+        "plateau", description="plateau: broaden at every plateau. probe: at a plateau, first probe the "
+        "current policy (probe_n samples on probe_prompts eval prompts) and broaden only when the share "
+        "of prompts all-wrong at the stage's n yet solved within probe_n is at least min_solvable "
+        "(docs/probe.md); otherwise wait `patience` more evaluations and look again.")
+    probe_n: int = Field(256, ge=4, le=4096, description="trigger probe: samples per prompt (>= max_n).")
+    probe_prompts: int = Field(32, ge=1, le=1024, description="trigger probe: eval prompts probed.")
+    min_solvable: float = Field(0.10, ge=0, le=1, description="trigger probe: the solvable all-wrong share "
+                                "that justifies broadening (the probe rule's WATCH_MIN).")
 
 
 class RolloutSpec(_Frozen):
@@ -497,6 +595,16 @@ class JobSpec(_Frozen):
     samples: SamplesSpec = Field(default_factory=SamplesSpec, description="Rollouts stored for reading "
                                  "(the job's samples table).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        # The spec is stored as it came (JSONB on PostgreSQL): one NUL anywhere, in a name or
+        # deep in a task config, would fail the insert with a 500 instead of a 422 here.
+        found = _first_bad_text(data, "")
+        if found is not None:
+            raise FieldError(*found)
+        return data
+
     @model_validator(mode="after")
     def _ranks_use_plain_adamw(self) -> "JobSpec":
         if self.resources.gpus_per_node > 1 and self.optim.optimizer_state != "fp32":
@@ -559,6 +667,9 @@ class JobSpec(_Frozen):
         if b.max_n <= first.n:
             raise FieldError("rollout.broaden.max_n", f"{b.max_n} leaves no room above the first "
                              f"stage's n ({first.n})")
+        if b.trigger == "probe" and b.probe_n < b.max_n:
+            raise FieldError("rollout.broaden.probe_n", f"{b.probe_n} must be at least max_n ({b.max_n}): "
+                             "the probe has to see past every stage's n")
         widest = b.max_n * first.prompts_per_step
         if b.prompts == "keep_prompts" and widest > MAX_SAMPLES_PER_STEP:
             raise FieldError("rollout.broaden.max_n", f"max_n x prompts_per_step = {widest} exceeds "
@@ -600,6 +711,19 @@ def load_spec(path: str | Path) -> JobSpec:
     else:
         data = json.loads(text)
     return JobSpec.model_validate(data)
+
+
+def changed_fields(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths where two dumped specs (`model_dump(mode="json")`) differ, sorted; a list
+    (e.g. `rollout.schedule`) counts as one field."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b, path = old.get(key), new.get(key), f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_fields(a, b, path + ".")
+        elif a != b:
+            out.append(path)
+    return out
 
 
 def json_schema() -> dict[str, Any]:

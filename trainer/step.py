@@ -18,6 +18,7 @@ import torch
 from trainer.dist import collectives as distributed
 from trainer.run import Run
 from trainer.samples import step_samples
+from trainer.graders.scorer import step_metrics as grader_step_metrics
 from trainer.prompt_stream import mix_seed
 from trainer.algo.filtering import filter_rollouts, solve_fractions
 from trainer.models.lora import reference_model
@@ -38,6 +39,7 @@ class SampleCounts:
     all_wrong: int = 0
     gen_s: float = 0.0
     score_s: float = 0.0
+    grades: list = field(default_factory=list)   # a grader's per-sample GradeResults (or None)
 
     def add(self, other: SampleCounts) -> None:
         for f in dataclasses.fields(self):
@@ -83,6 +85,7 @@ def _generate_round(run: Run, plan: StagePlan, step: int, round_index: int, k: i
     examples = [run.task.train[idx[g]] for g in gen.prompt_index]
     truncated = [not f for f in gen.finished]
     scored = run.scorer.score(texts, examples, truncated)
+    grades, extras = grader_round(run.scorer)
     score_s = time.perf_counter() - t
 
     group = torch.tensor(gen.prompt_index, dtype=torch.long)
@@ -92,11 +95,24 @@ def _generate_round(run: Run, plan: StagePlan, step: int, round_index: int, k: i
     counts = SampleCounts(samples=len(gen), lengths=[len(t) for t in gen.token_ids],
                          truncated=sum(truncated), groups=int(solved.numel()),
                          all_correct=int((solved == 1).sum()), all_wrong=int(wrong.sum()),
-                         gen_s=gen_s, score_s=score_s)
+                         gen_s=gen_s, score_s=score_s, grades=grades)
     rollouts = Rollouts(prompt_ids=[prompts[g] for g in gen.prompt_index], response_ids=gen.token_ids,
                         engine_logprobs=gen.logprobs, group=group, rewards=rewards,
-                        truncated=torch.tensor(truncated, dtype=torch.bool), correct=correct)
+                        truncated=torch.tensor(truncated, dtype=torch.bool), correct=correct,
+                        extras=extras)
     return rollouts, counts
+
+
+def grader_round(scorer) -> tuple[list, dict[str, torch.Tensor]]:
+    """A grader's per-sample results of the last batch, and its `reward/<key>` sub-rewards as
+    per-sample tensors (0 where a sample was not graded); nothing for a built-in verifier."""
+    results = getattr(scorer, "last_results", None)
+    if results is None:
+        return [], {}
+    extras = {f"reward/{key}": torch.tensor([r.sub_rewards.get(key, 0.0) if r is not None else 0.0
+                                              for r in results], dtype=torch.float32)
+              for key in scorer.sub_reward_keys}
+    return list(results), extras
 
 
 def _empty_round() -> tuple[Rollouts, SampleCounts]:
@@ -320,6 +336,10 @@ def run_step(run: Run, plan: StagePlan, step: int,
         on_samples(_samples(run, collected.first_round))
     step_s = time.perf_counter() - t0
 
+    grading = {}
+    if hasattr(run.scorer, "last_results"):  # a grader: its errors, time and sub-rewards
+        run.grader_watch.record(collected.counts.grades)
+        grading = grader_step_metrics(collected.counts.grades)
     rewards = torch.cat(collected.rewards)
     correct = torch.cat(collected.correct).float()
     sample_stats = {
@@ -343,4 +363,5 @@ def run_step(run: Run, plan: StagePlan, step: int,
         "step_s": step_s, "samples_per_s": collected.counts.samples / step_s,
         "tokens_per_s": sample_stats["response_len_mean"] * collected.counts.samples / step_s, "peak_mem_mb": _peak_mem_mb(run.device),
         "samples": collected.counts.samples,
+        **grading,
     }

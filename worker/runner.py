@@ -41,7 +41,7 @@ from store import artifacts, datasets, jobs
 from store.db import session_scope
 from store.errors import Fenced
 from store.model_paths import model_path_problem
-from store.models import Checkpoint
+from store.models import Checkpoint, JobKind
 from store.settings import Settings, get_settings
 from trainer.checkpoints import format as ckpt_format
 from worker import celery_app
@@ -253,6 +253,10 @@ def run_job(job_id: str, settings: Settings | None = None,
         return None
     attempt = claim.attempt
     log.info("claimed job %s attempt %s", job_id, attempt)
+    if claim.kind == JobKind.probe:  # same claim, lease and outcomes; a probe's work
+        from worker.probe_runner import run_probe
+
+        return run_probe(claim, settings)
     try:
         spec = JobSpec.model_validate(claim.spec)
     except Exception as exc:  # noqa: BLE001 - a stored spec that no longer validates

@@ -7,10 +7,12 @@ retry mechanism, bounded by the job's `limits.max_attempts`.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 from celery.signals import worker_init, worker_shutting_down
 
+from trainer.graders import sandbox_layer
 from worker import runner
 from store.settings import get_settings
 from worker.celery_app import REAP_TASK, RUN_JOB_TASK, app, enqueue_job
@@ -45,3 +47,14 @@ def _hub_offline_unless_allowed(**_: object) -> None:
     # them never downloads, even for a spec that reached it another way.
     if not get_settings().allow_hub_models:
         os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+@worker_init.connect
+def _log_sandbox_layer(**_: object) -> str:
+    # Python and code graders run only inside this layer; with "none" a job that needs one
+    # fails at its start with the reason (docs/graders.md, The sandbox). Probed once here so
+    # the operator sees it before the first such job.
+    layer = sandbox_layer()
+    level = logging.INFO if layer in ("bubblewrap", "landlock") else logging.WARNING
+    logging.getLogger(__name__).log(level, "grader sandbox layer: %s", layer)
+    return layer

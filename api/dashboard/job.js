@@ -44,6 +44,16 @@
       { label: "train", get: v("train_s") }, { label: "weight sync", get: v("weight_sync_s") }] },
     { id: "memory", title: "Peak memory (MB)", series: [{ label: "peak MB", get: v("peak_mem_mb") }] },
   ];
+  // A job rewarded by `task.grader` also charts the grader's health and, for a multi grader,
+  // each sub-reward: `reward/<key>` series found in the metric rows as they arrive.
+  const GRADER_GROUPS = [
+    { id: "grader", title: "Grader errors, timeouts and time", y2label: "seconds", series: [
+      { label: "errors", get: v("grader/errors") },
+      { label: "timeouts", get: v("grader/timeouts") },
+      { label: "grading seconds", get: v("grader/seconds"), axis: "y2" }] },
+    { id: "subrewards", title: "Sub-rewards (mean per step)", subRewards: true, series: [] },
+  ];
+  const subKeys = [];
 
   let job = null;
   const rows = [];
@@ -56,13 +66,31 @@
     return all.map((k) => ({ label: `pass@${k}`, get: v(`eval/pass@${k}`), points: true }));
   }
 
+  function groups() {
+    const grader = job.spec.task && job.spec.task.grader;
+    if (!grader) return GROUPS;
+    return GROUPS.concat(grader.type === "multi" ? GRADER_GROUPS : GRADER_GROUPS.slice(0, 1));
+  }
+
   function buildCharts() {
     const box = document.getElementById("charts");
     box.replaceChildren();
-    charts = GROUPS.map((g) => {
-      const spec = g.evalSeries ? Object.assign({}, g, { series: evalSeries() }) : g;
+    charts = groups().map((g) => {
+      let spec = g;
+      if (g.evalSeries) spec = Object.assign({}, g, { series: evalSeries() });
+      if (g.subRewards) {
+        spec = Object.assign({}, g, { series: subKeys.map((k) => ({ label: k, get: v(`reward/${k}`) })) });
+      }
       return new Charts.Chart(box, spec, mode, `job-${jobId}`);
     });
+  }
+
+  // True when the row names a sub-reward not charted yet (the charts are then rebuilt).
+  function newSubRewards(values) {
+    const fresh = Object.keys(values).filter((k) => k.startsWith("reward/"))
+      .map((k) => k.slice("reward/".length)).filter((k) => !subKeys.includes(k));
+    subKeys.push(...fresh.sort());
+    return fresh.length > 0;
   }
 
   const t0 = () => (job && job.started_at ? Date.parse(job.started_at) : null);
@@ -168,10 +196,28 @@
     }));
   }
 
+  // The probes of this job's checkpoints (a probe's model is {job, step}), newest first.
+  async function refreshProbes() {
+    const page = await getJSON("/v1/probes?limit=100");
+    const mine = page.data.filter((p) => p.model && p.model.job === jobId);
+    document.getElementById("probes").replaceChildren(...mine.map((p) => el("li", {},
+      el("a", { href: `/probes/${p.id}`, text: p.id }),
+      ` step ${p.model.step == null ? "newest" : p.model.step} · `, Brorl.statusPill(p.status))));
+  }
+
+  async function probeNewest() {
+    const msg = document.getElementById("probe-msg");
+    msg.textContent = "";
+    try {
+      const probe = await (await api("/v1/probes", { method: "POST", json: { model: { job: jobId } } })).json();
+      location.assign(`/probes/${probe.id}`);
+    } catch (e) { msg.textContent = e.message; }
+  }
+
   let sideTimer = null;
   async function refreshSide() {
     clearTimeout(sideTimer);
-    try { await Promise.all([refreshEvents(), refreshCheckpoints()]); } catch (_) { /* next poll */ }
+    try { await Promise.all([refreshEvents(), refreshCheckpoints(), refreshProbes()]); } catch (_) { /* next poll */ }
     if (!TERMINAL.includes(job.status)) sideTimer = setTimeout(refreshSide, 5000);
   }
 
@@ -196,11 +242,13 @@
         refreshSide();
       } catch (e) { alert(e.message); }
     });
+    document.getElementById("probe-newest").addEventListener("click", probeNewest);
     refreshSide();
     const addSampleStep = SamplesTable(jobId);
     await Brorl.followMetrics(jobId, null, {
       metric: (row) => {
         rows.push(row);
+        if (newSubRewards(row.values)) buildCharts();
         addSampleStep(row.step);
         if (job && row.step > job.step) { job.step = row.step; renderJob(); }
         redraw();

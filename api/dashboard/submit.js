@@ -1,6 +1,7 @@
 // Submit page (`/submit`): a YAML / JSON spec from the template, a file or the keyboard;
 // parsed in the browser (js-yaml), POSTed as JSON; the API's 422 errors are shown next to
-// the field they name in an outline of the spec; success lands on the job page.
+// the field they name in an outline of the spec; success lands on the job page. "Probe first"
+// sends the spec's model and task to /v1/probes instead; a probe page can prefill the box.
 "use strict";
 (() => {
   const { api, el } = Brorl;
@@ -75,7 +76,44 @@
     }
   }
 
+  /** The spec in the box, parsed; null (with the message shown) when it is not a mapping. */
+  function parsed() {
+    const msg = document.getElementById("submit-msg");
+    msg.textContent = "";
+    try {
+      const spec = jsyaml.load(text().value);
+      if (spec !== null && typeof spec === "object" && !Array.isArray(spec)) return spec;
+      msg.textContent = "the spec must be a mapping (YAML) or an object (JSON)";
+    } catch (e) {
+      msg.textContent = `not valid YAML/JSON: ${e.message}`;
+    }
+    return null;
+  }
+
+  // "Probe first": the spec's model on its task, sampled at its rollout settings (docs/probe.md).
+  async function probeFirst() {
+    const spec = parsed();
+    if (!spec) return;
+    const r = spec.rollout || {};
+    const body = { model: spec.model, task: spec.task, seed: spec.seed, max_new_tokens: r.max_new_tokens,
+                   temperature: r.temperature, top_p: r.top_p, engine: r.engine };
+    for (const k of Object.keys(body)) if (body[k] === undefined) delete body[k];
+    try {
+      const probe = await (await api("/v1/probes", { method: "POST", json: body })).json();
+      location.assign(`/probes/${probe.id}`);
+    } catch (e) {
+      document.getElementById("submit-msg").textContent = `${e.status || ""} ${e.type || "error"}: ${e.message}`;
+    }
+  }
+
   Brorl.requireKey(() => {
+    // A probe page's "open the recommended job" leaves its spec here for one visit.
+    const prefill = sessionStorage.getItem("brorl.submitPrefill");
+    if (prefill) {
+      text().value = prefill;
+      sessionStorage.removeItem("brorl.submitPrefill");
+    }
+    document.getElementById("probe-first").addEventListener("click", probeFirst);
     document.getElementById("template").addEventListener("click", async () => {
       text().value = await (await fetch("/static/template.yaml")).text();
     });

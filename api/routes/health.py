@@ -3,7 +3,9 @@
 `/healthz` only says the process serves HTTP (a liveness probe must not fail because the
 database is down, or the orchestrator would restart healthy API pods in a loop). `/readyz`
 checks what a request needs: the database answers `SELECT 1` and the broker accepts a
-connection; it answers 503 naming what is down, so a load balancer stops routing to us.
+connection; it answers 503 naming what is down, so a load balancer stops routing to us. It
+also reports the grader sandbox layer this process would use (`sandbox`: bubblewrap, landlock,
+unsafe or none); `none` is not "down": only python and code graders need a layer.
 `/metrics` is Prometheus' text format from this app's own registry; the per-status job
 counts (every tenant's) are added only for a caller with the operator's metrics token.
 """
@@ -22,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import SettingsDep
 from api.errors import error_body
 from api.schemas import StatusPublic
+from trainer.graders import sandbox_layer
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +72,21 @@ def readyz(request: Request, settings: SettingsDep) -> Response:
     }
     down = {k: v for k, v in problems.items() if v}
     checks = {k: (v or "ok") for k, v in problems.items()}
+    layer = sandbox_layer()
     if down:
         body = error_body(503, "not ready: " + "; ".join(down.values()))
-        body["checks"] = checks
+        body["checks"], body["sandbox"] = checks, layer
         return JSONResponse(body, status_code=503)
-    return JSONResponse(StatusPublic(status="ok", checks=checks).model_dump())
+    return JSONResponse(StatusPublic(status="ok", checks=checks, sandbox=layer).model_dump())
 
 
 @router.get("/metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 def metrics(request: Request, settings: SettingsDep) -> Response:
-    """Prometheus exposition: requests and latencies; `brorl_jobs{status}` (all tenants'
-    job counts) only with `Authorization: Bearer <BRORL_METRICS_TOKEN>`."""
-    data = generate_latest(request.app.state.metrics.registry)
+    """Prometheus exposition: responses by status class; per-route requests and latencies
+    and `brorl_jobs{status}` (every tenant's activity) only with
+    `Authorization: Bearer <BRORL_METRICS_TOKEN>`."""
+    data = generate_latest(request.app.state.metrics.public)
     token = settings.metrics_token
     sent = request.headers.get("authorization", "")
     if token and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):

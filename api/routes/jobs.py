@@ -1,7 +1,8 @@
 """Jobs: create (with Idempotency-Key), list, show, cancel.
 
 Creating a job is: validate the spec (FastAPI does it against `JobSpec`; the dataset's owner
-and the GPU count are checked here), insert the row, COMMIT, and only then enqueue the id by
+and the GPU count are checked here, and a reasoning-gym config must build a few examples within
+the limits of `api.task_probe`), insert the row, COMMIT, and only then enqueue the id by
 task name on the queue of its GPU count. The
 order matters: a worker that got the message before the commit would find no job. If the
 broker is down the enqueue fails after the commit; the job then stays queued, the request
@@ -18,18 +19,21 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
 from store import datasets, jobs
 from store.errors import NotFound
-from store.models import Job, JobStatus
+from store.models import Dataset, Job, JobStatus
 from store.model_paths import model_path_problem
-from trainer.spec import JobSpec
+from store.settings import Settings
+from trainer.graders.models import parse_grader
+from trainer.spec import FieldError, JobSpec
 
 from api.deps import EnqueueDep, SessionDep, SettingsDep, TenantDep
 from api.errors import field_error
 from api.quotas import job_quota_error
+from api.routes.graders import check_runnable
 from api.schemas import JobPublic, JobSummary, ListPublic
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,24 @@ IdempotencyKey = Annotated[
     Header(alias="Idempotency-Key", max_length=200,
            description="Retry-safe creation: the same key and body return the same job."),
 ]
+
+
+def check_reward(spec: JobSpec, stored: Dataset | None, settings: Settings) -> None:
+    """422 when the job's reward cannot run: a grader this server cannot run (a metric or a
+    judge it lacks), or a dataset whose rows lack a field the grader or verifier reads."""
+    from trainer.tasks.dataset_task import check_rows_for
+
+    if spec.task.grader is not None:
+        check_runnable(parse_grader(spec.task.grader), "task.grader")
+    if stored is None:
+        return
+    try:
+        with open(stored.uri, "rb") as fh:
+            check_rows_for(fh, spec.task, settings.max_dataset_line_bytes)
+    except FieldError as exc:
+        raise field_error(exc.path, exc.message) from None
+    except (OSError, ValueError) as exc:  # the stored file went missing or no longer parses
+        raise field_error("task.dataset.id", f"dataset {stored.id} cannot be read: {exc}") from None
 
 
 def job_or_404(session: Session, tenant_id: int, job_id: str) -> Job:
@@ -57,11 +79,12 @@ def job_or_404(session: Session, tenant_id: int, job_id: str) -> Job:
                409: {"description": "Idempotency-Key reused with a different body."}},
 )
 def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
-               enqueue: EnqueueDep, response: Response,
+               enqueue: EnqueueDep, request: Request, response: Response,
                idempotency_key: IdempotencyKey = None) -> JobPublic:
     """Submit a training job; 201 with the queued job."""
     if (problem := model_path_problem(spec.model.path, settings)) is not None:
         raise field_error("model.path", problem)  # the worker checks the same rule again
+    request.app.state.task_probe.check(spec)
     gpus = spec.resources.gpus_per_node
     if gpus not in settings.gpu_counts:
         # Each GPU count has its own queue; a count no worker serves would wait there for ever.
@@ -70,8 +93,10 @@ def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant
                           f"workers serve {served} (BRORL_GPU_COUNTS)")
     over_quota = job_quota_error(session, settings, tenant.id)
     dataset = spec.task.dataset
-    if dataset is not None and datasets.get_dataset(session, tenant.id, dataset.id) is None:
+    stored = None if dataset is None else datasets.get_dataset(session, tenant.id, dataset.id)
+    if dataset is not None and stored is None:
         raise field_error("task.dataset.id", f"no dataset {dataset.id!r} (upload it first)")
+    check_reward(spec, stored, settings)
     job, created = jobs.create_job(
         session, tenant.id, spec.model_dump(mode="json"), total_steps=spec.total_steps,
         name=spec.name, idempotency_key=idempotency_key)

@@ -28,10 +28,10 @@ from store import keys
 from store.db import reset_engine_cache, session_scope
 from store.migrate import upgrade
 from store.settings import Settings
+from tests.api.helpers import UPLOAD_LIMIT
 
 PG_ADMIN_URL = os.environ.get(
     "BRORL_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-UPLOAD_LIMIT = 64 * 1024
 
 
 # --------------------------------------------------------------------------- databases

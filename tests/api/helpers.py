@@ -1,9 +1,12 @@
-"""Helpers shared by the API tests: a small valid spec, the error-shape assertion, SSE parsing."""
+"""Helpers shared by the API tests: a small valid spec, the error-shape assertion, SSE parsing,
+the upload limit the test app is built with."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+UPLOAD_LIMIT = 64 * 1024  # the app's max_upload_bytes in these tests (conftest.settings)
 
 
 def make_spec(**overrides: Any) -> dict[str, Any]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 from store.artifacts import dataset_path
 
-from tests.api.conftest import UPLOAD_LIMIT
-from tests.api.helpers import assert_error
+from tests.api.helpers import UPLOAD_LIMIT, assert_error
 
 
 def _jsonl(n: int) -> bytes:
@@ -69,7 +69,7 @@ def test_content_length_over_the_limit_is_refused_before_reading(client, auth):
 
 
 def test_malformed_line_is_422_naming_it_and_nothing_is_stored(client, auth, settings):
-    lines = _jsonl(2) + b'{"prompt": "no answer here"}\n' + _jsonl(2)
+    lines = _jsonl(2) + b'{"question": "no prompt here", "answer": "1"}\n' + _jsonl(2)
     resp = client.post("/v1/datasets", headers=auth, files={"file": ("bad.jsonl", lines)})
     err = assert_error(resp, 422, "validation_error", field="file")
     assert "line 3" in err["message"], err
@@ -102,3 +102,42 @@ def test_other_tenants_dataset_is_404(client, auth, other_auth):
     assert_error(client.get(f"/v1/datasets/{ds['id']}", headers=other_auth), 404, "not_found")
     assert_error(client.get("/v1/datasets/ds_unknown", headers=auth), 404, "not_found")
     assert client.get("/v1/datasets", headers=other_auth).json()["data"] == []
+
+
+def test_concurrent_uploads_are_capped_per_tenant(settings, enqueued, key, other_key):
+    # One tenant's parallel uploads share the API's cores with everyone: at most
+    # `max_concurrent_uploads_per_tenant` at a time, the next is a 429 at once.
+    import httpx
+
+    from api.app import create_app
+    from tests.api.live import serve, stalled_upload
+
+    app = create_app(settings.model_copy(update={"max_concurrent_uploads_per_tenant": 2}),
+                     enqueue=enqueued)
+    with serve(app) as url:
+        socks = [stalled_upload(url, key) for _ in range(2)]
+        try:
+            time.sleep(0.5)
+            files = {"file": ("d.jsonl", _jsonl(2))}
+            resp = httpx.post(f"{url}/v1/datasets", headers={"Authorization": f"Bearer {key}"},
+                              files=files, timeout=10)
+            err = assert_error(resp, 429, "quota_exceeded")
+            assert "at most 2 uploads in progress per tenant" in err["message"]
+            other = httpx.post(f"{url}/v1/datasets", files=files, timeout=10,
+                               headers={"Authorization": f"Bearer {other_key}"})
+            assert other.status_code == 201, other.text  # another tenant is not affected
+        finally:
+            for sock in socks:
+                sock.close()
+        time.sleep(0.5)  # the slots free up when the uploads end
+        resp = httpx.post(f"{url}/v1/datasets", headers={"Authorization": f"Bearer {key}"},
+                          files={"file": ("d.jsonl", _jsonl(2))}, timeout=10)
+        assert resp.status_code == 201, resp.text
+
+
+def test_rows_need_no_answer_and_may_carry_any_json(client, auth):
+    # A grader reads whichever fields it names; `answer` is only needed by what reads it.
+    rows = b'{"prompt": "p1", "tests": [{"stdin": "1", "stdout": "1"}], "meta": {"a": [1]}}\n'
+    resp = client.post("/v1/datasets", headers=auth, files={"file": ("g.jsonl", rows * 2)})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["rows"] == 2

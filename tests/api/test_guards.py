@@ -22,7 +22,8 @@ def _app(settings, enqueued, **overrides):
 def test_stalled_uploads_do_not_exhaust_the_pool(settings, enqueued, key, other_auth):
     # 20 stalled uploads (more than the pool's 5 + 10 connections) from one tenant; another
     # tenant's request still answers at once. Before: each upload held a session, 500 after 30 s.
-    app = _app(settings, enqueued, max_concurrent_per_key=100)
+    app = _app(settings, enqueued, max_concurrent_per_key=100,
+               max_concurrent_uploads_per_tenant=100)
     with serve(app) as url:
         socks = [stalled_upload(url, key) for _ in range(20)]
         try:
@@ -37,7 +38,7 @@ def test_stalled_uploads_do_not_exhaust_the_pool(settings, enqueued, key, other_
 
 
 def test_per_key_concurrency_cap_answers_429(settings, enqueued, key, auth, other_auth):
-    app = _app(settings, enqueued, max_concurrent_per_key=3)
+    app = _app(settings, enqueued, max_concurrent_per_key=3, max_concurrent_uploads_per_tenant=10)
     with serve(app) as url:
         socks = [stalled_upload(url, key) for _ in range(3)]
         try:

@@ -7,6 +7,7 @@ operation are kept small so that each backend takes well under a minute.
 
 from __future__ import annotations
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings as hypothesis_settings
 from schemathesis.checks import not_a_server_error
@@ -17,6 +18,9 @@ from api.app import create_app
 from tests.api.helpers import make_spec
 
 EXAMPLES_PER_OPERATION = 100
+
+# 100 requests per operation: 15-65 s per backend on 2 cores, the API room's largest share.
+pytestmark = pytest.mark.slow
 
 
 def test_no_server_errors(settings, enqueued, key):

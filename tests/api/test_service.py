@@ -13,9 +13,9 @@ import httpx
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from trainer.graders import sandbox_layer
 
-from tests.api.conftest import UPLOAD_LIMIT
-from tests.api.helpers import assert_error, make_spec
+from tests.api.helpers import UPLOAD_LIMIT, assert_error, make_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,6 +29,8 @@ def test_readyz_checks_database_and_broker(client, settings):
     resp = client.get("/readyz")
     assert resp.status_code == 200, resp.text
     assert resp.json()["checks"] == {"database": "ok", "broker": "ok"}
+    assert resp.json()["sandbox"] == sandbox_layer()  # the grader sandbox layer in use
+    assert resp.json()["sandbox"] in ("bubblewrap", "landlock", "unsafe", "none")
 
 
 def test_readyz_is_503_naming_the_broker(settings, enqueued):
@@ -39,6 +41,7 @@ def test_readyz_is_503_naming_the_broker(settings, enqueued):
     assert "broker" in err["message"] and "database" not in err["message"]
     assert resp.json()["checks"]["database"] == "ok"
     assert resp.json()["checks"]["broker"].startswith("broker unreachable")
+    assert resp.json()["sandbox"] == sandbox_layer()
 
 
 def test_prometheus_metrics(app, client, auth):
@@ -46,7 +49,12 @@ def test_prometheus_metrics(app, client, auth):
     client.get(f"/v1/jobs/{job}", headers=auth)
     client.get("/v1/jobs/job_nope", headers=auth)
     client.get("/no/such/path")
-    text = client.get("/metrics").text
+    # Without the operator's token: totals by status class, nothing per route or per job.
+    public = client.get("/metrics", headers=auth).text
+    assert 'brorl_http_responses_total{class="2xx"}' in public
+    assert "route=" not in public and "brorl_jobs" not in public
+    app.state.settings.metrics_token = "ops-secret"
+    text = client.get("/metrics", headers={"Authorization": "Bearer ops-secret"}).text
     assert ('brorl_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1.0'
             in text)
     assert ('brorl_http_requests_total{method="GET",route="/v1/jobs/{job_id}",status="200"} 1.0'
@@ -54,11 +62,6 @@ def test_prometheus_metrics(app, client, auth):
     assert 'route="/v1/jobs/{job_id}",status="404"' in text  # templates, not raw ids
     assert 'route="<unmatched>",status="404"' in text and "job_nope" not in text
     assert "brorl_http_request_duration_seconds_bucket" in text
-    # Every tenant's job counts: only for the operator's token.
-    assert "brorl_jobs" not in text
-    assert "brorl_jobs" not in client.get("/metrics", headers=auth).text
-    app.state.settings.metrics_token = "ops-secret"
-    text = client.get("/metrics", headers={"Authorization": "Bearer ops-secret"}).text
     assert 'brorl_jobs{status="queued"} 1.0' in text
     assert 'brorl_jobs{status="succeeded"} 0.0' in text
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.dashboard.conftest import SPEC_A, client, tiny_spec, wait_for
+from tests.dashboard.helpers import SPEC_A, client, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker.conftest import FAKE_ENTRYPOINT
+from tests.support.jobs import FAKE_ENTRYPOINT
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]  # `brorl demo` starts the stack
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,10 +20,10 @@ import httpx
 import pytest
 
 from cli.client import BrorlAPIError, BrorlClient
-from tests.upstack import Stack, running_stack
-from tests.worker.conftest import FAKE_ENTRYPOINT, make_spec
+from tests.support.upstack import Stack, running_stack
+from tests.support.jobs import FAKE_ENTRYPOINT, make_spec
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]  # `brorl up` as a subprocess
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from cli.client import BrorlClient
-from tests.tinyprebuild import prebuild
-from tests.upstack import Stack, running_stack
+from tests.support.tinyprebuild import prebuild
+from tests.support.upstack import Stack, running_stack
 from trainer.spec import JobSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

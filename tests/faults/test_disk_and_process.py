@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import REPO, wait_for
+from tests.faults.helpers import REPO, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,7 +83,7 @@ def test_archive_on_a_full_disk_records_nothing_and_removes_the_folder(stack, sm
     from store import jobs
     from store.db import session_scope
     from store.models import Checkpoint
-    from tests.worker.fake_trainer import write_checkpoint
+    from tests.support.fake_trainer import write_checkpoint
     from worker.sink import DbSink
 
     job_id = stack.submit("fake")

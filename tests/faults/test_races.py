@@ -14,8 +14,7 @@ from store import jobs
 from store.db import session_scope
 from store.errors import Fenced
 from store.models import Job, JobEvent, JobStatus
-from tests.faults.conftest import wait_for
-from tests.faults.test_worker_faults import assert_consistent, event_types, job
+from tests.faults.helpers import assert_consistent, event_types, job, wait_for
 from worker import runner
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
@@ -198,7 +197,7 @@ def test_buffered_rows_of_a_fenced_attempt_are_dropped_and_a_full_buffer_stops(s
 def test_leftovers_of_a_crash_mid_checkpoint_are_swept_by_the_next_attempt(stack):
     from store import artifacts
     from store.settings import get_settings
-    from tests.worker.fake_trainer import write_checkpoint
+    from tests.support.fake_trainer import write_checkpoint
 
     job_id = stack.submit("fake")
     with session_scope() as s:

@@ -12,35 +12,10 @@ from pathlib import Path
 import pytest
 
 from store.db import session_scope
-from store.models import Checkpoint, Job, JobEvent, JobStatus, Metric
-from tests.faults.conftest import wait_for
-from trainer.checkpoints import format as ckpt_format
+from store.models import JobEvent, JobStatus
+from tests.faults.helpers import assert_consistent, event_types, job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(180)]
-
-
-def job(job_id: str) -> Job:
-    with session_scope() as s:
-        return s.get(Job, job_id)
-
-
-def event_types(job_id: str) -> list[str]:
-    with session_scope() as s:
-        return [e.type.value for e in s.query(JobEvent).filter_by(job_id=job_id).order_by(JobEvent.id)]
-
-
-def assert_consistent(job_id: str, artifact_dir: Path) -> None:
-    with session_scope() as s:
-        steps = [m.step for m in s.query(Metric).filter_by(job_id=job_id).order_by(Metric.step)]
-        rows = {Path(c.uri) for c in s.query(Checkpoint).filter_by(job_id=job_id)}
-    assert steps == sorted(set(steps)) and steps == list(range(1, len(steps) + 1)), steps
-    on_disk = {p for p in (artifact_dir / "jobs" / job_id).rglob("step-*")
-               if ckpt_format.step_of(p) is not None}
-    assert on_disk == rows, (on_disk, rows)  # no row without files, no files without a row
-    assert all(ckpt_format.cached_archive(p) for p in rows)  # archives built at record time
-    assert not list((artifact_dir / "jobs" / job_id).rglob(".tmp-*"))
-    terminal = [t for t in event_types(job_id) if t in ("succeeded", "failed", "cancelled")]
-    assert len(terminal) <= 1, terminal
 
 
 def test_sigkill_mid_step_resumes_from_the_latest_checkpoint(stack):

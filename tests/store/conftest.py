@@ -15,18 +15,16 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from store import jobs
 from store.db import make_engine, reset_engine_cache
 from store.keys import create_tenant
 from store.migrate import upgrade
-from store.models import Base, Job, Tenant
+from store.models import Base, Tenant
 from store.settings import reset_settings_cache
 
 PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
@@ -120,15 +118,3 @@ def tenant(session: Session) -> Tenant:
     tenant = create_tenant(session, "acme")
     session.commit()
     return tenant
-
-
-def make_spec(max_attempts: int = 3, **extra: Any) -> dict[str, Any]:
-    return {"name": "demo", "seed": 0, "limits": {"max_attempts": max_attempts}, **extra}
-
-
-def make_job(s: Session, tenant: Tenant, max_attempts: int = 3, **extra: Any) -> Job:
-    job, created = jobs.create_job(s, tenant.id, make_spec(max_attempts, **extra),
-                                   total_steps=10, name="demo", idempotency_key=None)
-    assert created
-    s.commit()
-    return job

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from store import jobs
 from store.models import Tenant, utcnow
-from tests.store.conftest import make_job, make_spec
+from tests.store.helpers import make_job, make_spec
 
 ROUNDS = 10
 

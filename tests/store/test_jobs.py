@@ -12,7 +12,7 @@ from store import jobs
 from store.errors import Fenced, IdempotencyConflict, InvalidTransition, NotFound
 from store.keys import create_tenant
 from store.models import EventType, JobEvent, JobStatus, Tenant, utcnow
-from tests.store.conftest import make_job, make_spec
+from tests.store.helpers import make_job, make_spec
 
 
 def _events(s: Session, job_id: str) -> list[EventType]:

@@ -9,7 +9,7 @@ from store import jobs
 from store.errors import Fenced
 from store.keys import create_tenant
 from store.models import Tenant
-from tests.store.conftest import make_job
+from tests.store.helpers import make_job
 
 
 def _row(reward: float, text: str = "x") -> dict:

@@ -130,6 +130,7 @@ def test_share_keeps_order_and_sizes():
     assert parts == [[0, 1, 2], [3, 4], [5, 6]] and sum(parts, []) == items
 
 
+@pytest.mark.integration  # two gloo ranks, each its own process: 30-80 s on 2 cores
 def test_two_ranks_update_equals_one_process(tmp_path):
     out = tmp_path / "rank0.pt"
     spawn(_rank_main, 2, str(out))
@@ -157,6 +158,7 @@ def _assert_same_weights(got: dict, model) -> None:
         torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
+@pytest.mark.integration  # two gloo ranks, each its own process: 30-80 s on 2 cores
 def test_two_rank_checkpoint_resumes_in_one_process_and_back(tmp_path):
     """DCP reshards: 2 ranks save -> 1 process resumes, and 1 process saves -> 2 ranks resume;
     the resumed update (which needs the restored Adam moments) matches the uninterrupted run."""
@@ -214,6 +216,7 @@ def _collect_rank(r: int, ws: int, port: int, out: str) -> None:
     os._exit(0)  # see _rank_main
 
 
+@pytest.mark.integration  # two gloo ranks, each its own process: 30-80 s on 2 cores
 def test_two_ranks_collect_the_one_process_batch(tmp_path):
     """Dynamic sampling on 2 ranks: each generates half the prompts; the kept counts, the keep
     rate and the stream are global, so the ranks' batches joined are the one-process batch."""
@@ -303,6 +306,7 @@ def _wide_rank(r: int, ws: int, port: int, out: str) -> None:
     os._exit(0)  # see _rank_main
 
 
+@pytest.mark.integration  # two gloo ranks, each its own process: 30-80 s on 2 cores
 def test_n512_step_with_refills_on_two_ranks_equals_one_process(tmp_path):
     """The whole step's learning part at N = 512: dynamic sampling refills over several rounds
     (each rank keeps its own groups), responses of 1..20 tokens: the update, its statistics and
@@ -342,3 +346,52 @@ def test_mini_batches_follow_the_one_process_order_after_refills(monkeypatch):
             assert mine == [p for p in want[i].tolist() if p in set(pos.tolist())]
             seen[i] += mine
     assert [sorted(s) for s in seen] == [sorted(c.tolist()) for c in want]
+
+
+def _count_reductions_rank(r: int, ws: int, port: int, out: str) -> None:
+    """One update (2 mini-batches of several micro-batches each) counting FSDP2's gradient
+    reductions (one `foreach_reduce` per sharded unit and reduce-scatter)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(ws),
+                      LOCAL_RANK=str(r))
+    torch.set_num_threads(1)
+    assert distributed.init_from_env()
+    calls = {"reduce": 0, "backward": 0}
+    real_reduce = pg.foreach_reduce
+
+    def counting_reduce(*args, **kwargs):
+        calls["reduce"] += 1
+        return real_reduce(*args, **kwargs)
+
+    pg.foreach_reduce = counting_reduce
+    try:
+        run = _run(_model(), JobSpec.model_validate(SPEC))
+        distributed.shard_policy(run.policy, torch.float32)
+        units = sum(1 for m in run.policy.modules() if distributed.is_sharded(m))
+        real_backward = torch.autograd.backward
+
+        def counting_backward(*args, **kwargs):
+            calls["backward"] += 1
+            return real_backward(*args, **kwargs)
+
+        torch.autograd.backward = counting_backward
+        stats = _update(run, _local_batch(r, ws))
+        every = [None] * ws
+        torch.distributed.all_gather_object(every, {**calls, "units": units, "updates": stats["mini_batch_updates"]})
+        if r == 0:
+            torch.save(every, out)
+        torch.distributed.barrier()
+    finally:
+        torch.distributed.destroy_process_group()
+    os._exit(0)  # see _rank_main
+
+
+@pytest.mark.integration  # two gloo ranks, each its own process
+def test_gradients_reduce_once_per_mini_batch(tmp_path):
+    """FSDP2 reduce-scatters each unit's gradient in the mini-batch's last backward only, not
+    after every micro-batch (the update itself still equals one process: the test above)."""
+    spawn(_count_reductions_rank, 2, str(tmp_path / "calls.pt"))
+    for c in torch.load(tmp_path / "calls.pt", weights_only=False):
+        assert c["updates"] == 2 and c["backward"] >= 2 * c["updates"], c  # micro-batches: 2+ each
+        assert c["reduce"] == c["units"] * c["updates"], c

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from store.errors import Fenced
-from tests.tinyprebuild import prebuild
+from tests.support.tinyprebuild import prebuild
 from trainer.sink import ListSink
 from trainer.spec import JobSpec
 

@@ -82,7 +82,11 @@ def check_shape(gen, n: int, max_new: int) -> None:
 @pytest.mark.slow
 def test_vllm_sync_then_greedy_matches_hf(tiny, vllm_engine):
     model = perturbed(tiny[0], seed=1)
-    assert vllm_engine.sync_weights(model) >= 0
+    # The engine holds other weights (the untrained model's, or another test's copy) until the
+    # sync; afterwards its log-probs are the policy's.
+    assert vllm_engine.probe_diff(model) > 1e-2
+    vllm_engine.sync_weights(model)
+    assert vllm_engine.probe_diff(model) < 1e-3
     sampling = SamplingConfig(n=1, max_new_tokens=12, temperature=0.0)
     got = vllm_engine.generate(PROMPTS, sampling, ignore_eos=True)
     want = HFEngine(model, EOS).generate(PROMPTS, sampling, ignore_eos=True)

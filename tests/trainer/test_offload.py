@@ -114,6 +114,7 @@ def test_loading_a_plain_adamw_state_is_a_clear_error():
         raise AssertionError("loaded a state without masters")
 
 
+@pytest.mark.slow  # 128 bf16 forward/backward pairs on a CPU: 15-80 s on 2 shared cores
 def test_micro_batch_gradients_add_up_in_float32_on_bf16_device_weights():
     """128 micro-batches on bf16 device weights: the gradient the step (and the clip) sees is
     their float32 sum, not a running bf16 sum (which is ~1 % off)."""

@@ -8,6 +8,9 @@ from trainer.checkpoints.io import CheckpointError, latest, verify
 from trainer.sink import ListSink
 from trainer.spec import JobSpec
 
+# Every test trains builtin:tiny (its warm start included, minutes on 2 cores on a fresh cache).
+pytestmark = pytest.mark.integration
+
 METRIC_NAMES = """step stage n prompts lr reward_mean reward_std pass_rate frac_all_correct
 frac_all_wrong keep_rate refill_rounds response_len_mean response_len_max truncated_frac loss
 pg_clipfrac_low pg_clipfrac_high kl entropy is_ratio_mean is_truncated_frac grad_norm

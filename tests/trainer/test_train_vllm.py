@@ -20,10 +20,21 @@ def test_vllm_engine_trains_syncs_and_checkpoint_loads_in_vllm(tmp_path):
     assert updated  # else the sync check below would pass vacuously
     assert all(rows[s]["weight_sync_s"] > 0 for s in updated)
 
+    from transformers import AutoModelForCausalLM
     from vllm import LLM, SamplingParams
 
+    from trainer.engines.hf_engine import HFEngine
+    from trainer.models.tiny import encode
+    from trainer.rollouts import SamplingConfig
+
+    # vLLM loads the final checkpoint folder as trained: its greedy continuation is the one
+    # the checkpoint gives in transformers.
     llm = LLM(model=str(result.last_checkpoint), dtype="float32", enforce_eager=True,
               max_model_len=256, seed=0, gpu_memory_utilization=0.1)
-    out = llm.generate(["State the final answer to the following arithmetic problem: 1 + 2 =\n"],
-                       SamplingParams(max_tokens=8, temperature=0))
-    assert len(out[0].outputs[0].token_ids) >= 1
+    prompt = encode("State the final answer to the following arithmetic problem: 1 + 2 =\n")
+    out = llm.generate([{"prompt_token_ids": prompt}],
+                       SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    model = AutoModelForCausalLM.from_pretrained(result.last_checkpoint)
+    want = HFEngine(model, model.config.eos_token_id).generate(
+        [prompt], SamplingConfig(n=1, max_new_tokens=8, temperature=0.0), ignore_eos=True)
+    assert list(out[0].outputs[0].token_ids) == want.token_ids[0]

@@ -20,9 +20,11 @@ import httpx
 import pytest
 
 from cli.client import BrorlClient
-from tests.worker.conftest import FAKE_ENTRYPOINT, fresh_pg_database, make_spec
+from tests.support.jobs import FAKE_ENTRYPOINT, fresh_pg_database, make_spec
 
-pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(300)]
+# A `brorl worker` process and uvicorn: the stack, started for real.
+pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.postgres,
+              pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_DB = 14  # not 0: keep clear of anything a developer runs by hand

@@ -16,7 +16,7 @@ import pytest
 from store import jobs
 from store.db import session_scope
 from store.models import Checkpoint, Job, JobEvent, JobStatus, Metric
-from tests.worker.fake_trainer import write_checkpoint
+from tests.support.fake_trainer import write_checkpoint
 from worker import runner
 
 pytestmark = pytest.mark.timeout(60)
@@ -295,7 +295,7 @@ def test_cancel_stops_builtin_tiny_during_its_warm_start(tenant_id, data_dir, mo
     """The real trainer: a cancel lands while builtin:tiny is being warm-started (minutes of
     CPU on a fresh cache) and the job is cancelled within seconds, not after the warm start."""
     from store.settings import reset_settings_cache
-    from tests.worker.conftest import make_spec
+    from tests.support.jobs import make_spec
 
     monkeypatch.setenv("BRORL_TRAINER_ENTRYPOINT", "trainer:train")
     monkeypatch.setenv("BRORL_CACHE_DIR", str(data_dir / "cache"))  # nothing cached: warm start
@@ -321,7 +321,7 @@ def test_worker_rechecks_model_path_against_allowed_roots(tenant_id, tmp_path, m
     """A spec stored before the operator narrowed BRORL_MODEL_ROOTS (or never through the API)
     fails with a message naming model.path, and the trainer never starts."""
     from store.settings import reset_settings_cache
-    from tests.worker.conftest import make_spec
+    from tests.support.jobs import make_spec
 
     root = tmp_path / "models"
     (root / "ok").mkdir(parents=True)

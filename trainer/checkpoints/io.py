@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_file, save_model
 
 from trainer.checkpoints import format as ckpt_format
 from trainer.dist import collectives as distributed
@@ -56,6 +56,9 @@ class TrainerState:
     broaden_starts: list[int] = field(default_factory=list)
     plateau_best: float | None = None
     plateau_since: int = 0
+    # The spec this state was trained under (`model_dump(mode="json")`), so that a resume under
+    # another spec can name the fields that changed (older checkpoints: only the hash).
+    spec: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, 
     """Every rank writes its shards; rank 0 the rest (other ranks return (0, ""))."""
     sharded = distributed.is_sharded(policy)
     merged_bytes = 0
+    save_ref = ref_model is not None and state.ref_step != state.step
+    ref_state = _gather_sharded(ref_model) if save_ref and distributed.is_sharded(ref_model) else None
     if sharded:
         distributed.save_sharded(tmp / "trainer_state" / "dcp", policy, optimizer)
         distributed.save_consolidated(tmp, policy, tokenizer)  # gathered; written by rank 0
@@ -91,10 +96,26 @@ def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, 
         torch.save(optimizer.state_dict(), ts / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
                 "numpy": np.random.get_state()}, ts / "rng.pt")
-    if ref_model is not None and state.ref_step != state.step:
+    if ref_state is not None:
+        save_file(ref_state, str(ts / "ref.safetensors"))
+    elif save_ref:
         save_model(ref_model, str(ts / "ref.safetensors"))  # handles tied embeddings
     nbytes, digest = ckpt_format.write_manifest(tmp)
     return nbytes + merged_bytes, digest
+
+
+def _gather_sharded(model) -> dict:
+    """A sharded model's whole weights on rank 0's CPU (empty elsewhere; every rank joins),
+    tied duplicates dropped (safetensors stores a tensor once)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    out, seen = {}, set()
+    for k, v in full.items():
+        if v.data_ptr() not in seen:
+            seen.add(v.data_ptr())
+            out[k] = v.contiguous()
+    return out
 
 
 def save(out_dir: Path, state: TrainerState, policy, tokenizer, optimizer, ref_model,
@@ -171,5 +192,6 @@ def load_state(folder: Path, optimizer, ref_model, policy=None) -> TrainerState:
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     if ref_model is not None and (ts / "ref.safetensors").is_file():
-        load_model(ref_model, str(ts / "ref.safetensors"))
+        # Whichever tied name the file kept; on ranks each keeps its shard of the reference.
+        distributed.load_full_weights(ref_model, load_file(str(ts / "ref.safetensors")))
     return state

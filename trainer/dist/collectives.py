@@ -11,7 +11,9 @@ What makes N ranks equal one process on the same batch (tests/trainer/test_distr
 - the policy is sharded with FSDP2 `fully_shard`, whose reduce-scatter SUMS the gradients
   (divide factor 1): each rank's loss is already its token sum over the GLOBAL token count;
 - FSDP all-gathers a layer's weights at every forward, so every rank must run the same
-  number of forwards: a rank with fewer micro-batches runs zero-weight `dummy_pass`es.
+  number of forwards: a rank with fewer micro-batches runs zero-weight `dummy_pass`es;
+- gradients are reduce-scattered once per mini-batch, in every rank's last backward
+  (`gradient_sync`), not after each micro-batch.
 """
 from __future__ import annotations
 
@@ -41,7 +43,9 @@ def init_from_env(device: torch.device | None = None) -> bool:
     cuda = device is not None and device.type == "cuda"
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30))
+    # On CUDA, gloo too: the statistics, token counts and fingerprints are all-reduced as CPU
+    # tensors, which a process group of NCCL alone refuses ("no backend for device type cpu").
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(minutes=30))
     return True
 
 
@@ -151,6 +155,64 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
 
 
+def iter_full_state(model, dtype: torch.dtype | None = None):
+    """(name, whole tensor) pairs of `model`'s state dict, one tensor alive at a time: a
+    sharded tensor is cast to `dtype` shard by shard and then all-gathered alone.
+
+    For the weight sync: `full_state_dict` would gather the whole float32 model on every rank
+    and the sync would then build a second, whole copy in the engine's dtype; streamed, a
+    rank's extra memory is its largest tensor in the engine's dtype (the embedding). Every
+    rank must consume the pairs in the same order (each gather is a collective).
+    """
+    from torch.distributed.tensor import DTensor
+
+    for name, t in model.state_dict().items():
+        t = t.detach()
+        if dtype is not None:
+            t = t.to(dtype)
+        yield name, t.full_tensor() if isinstance(t, DTensor) else t
+
+
+@torch.no_grad()
+def copy_weights(dst, src) -> None:
+    """`dst`'s weights := `src`'s (same architecture; the reference reset to the policy).
+    Both sharded alike (FSDP2 over the same ranks): shard by shard, no gather."""
+    from torch.distributed.tensor import DTensor
+
+    targets = dst.state_dict()
+    for name, t in src.state_dict().items():
+        target = targets[name]
+        if isinstance(target, DTensor) != isinstance(t, DTensor):
+            raise ValueError(f"copy_weights: {name} is sharded on one side only")
+        if isinstance(t, DTensor):
+            target.to_local().copy_(t.to_local())
+        else:
+            target.copy_(t)
+
+
+def load_full_weights(model, state: dict[str, torch.Tensor]) -> None:
+    """Whole tensors (e.g. read from safetensors; tied duplicates may be absent) into `model`,
+    each rank keeping its shard when `model` is sharded."""
+    if not is_sharded(model):
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        missing, unexpected = set_model_state_dict(
+            model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    tied = {n for n in missing if _is_tied(model, n, state)}
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"weights do not fit the model: missing {sorted(set(missing) - tied)}, "
+                         f"unexpected {sorted(unexpected)}")
+
+
+def _is_tied(model, name: str, state: dict) -> bool:
+    """`name` shares its parameter with a tensor that `state` holds (tied embeddings)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    p = params.get(name)
+    return p is not None and any(params.get(k) is p for k in state)
+
+
 def dummy_pass(model, backward: bool) -> None:
     """A zero-weight forward (and backward) on one token, so that a rank with fewer
     micro-batches still joins every FSDP all-gather and reduce-scatter of the others."""
@@ -160,6 +222,15 @@ def dummy_pass(model, backward: bool) -> None:
         out = model(input_ids=ids, position_ids=torch.zeros_like(ids), use_cache=False)
         if backward:
             (out.logits.float().sum() * 0.0).backward()
+
+
+def gradient_sync(model, last: bool) -> None:
+    """FSDP2: reduce-scatter gradients only in the mini-batch's last backward (`last`); the
+    earlier micro-batches add into unsharded local gradients. One reduce-scatter of the fp32
+    gradient per mini-batch instead of one per micro-batch, for an unsharded gradient held
+    (4 bytes/param) until that last backward (docs/results.md, multi-rank figures)."""
+    if active() and is_sharded(model):
+        model.set_requires_gradient_sync(last)
 
 
 def pad_count(model, n_chunks: int) -> int:

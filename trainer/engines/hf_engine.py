@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from trainer.dist.collectives import full_state_dict
+from trainer.dist.collectives import iter_full_state
 from trainer.engines.base import WeightSyncError
 from trainer.optim.update import autocast
 from trainer.rollouts import Generation, SamplingConfig
@@ -74,12 +74,16 @@ class HFEngine:
         if model is self.model:
             return 0.0
         t0 = time.perf_counter()
-        src = full_state_dict(model)  # gathered when `model` is sharded over ranks
-        self.model.load_state_dict(src)
         dst = self.model.state_dict()
-        for k, v in src.items():
-            if not torch.equal(dst[k].to(v.device, v.dtype), v):
-                raise WeightSyncError(f"HF engine copy of {k} differs from the trainer's")
+        if set(dst) != set(model.state_dict()):
+            raise WeightSyncError("HF engine copy and trainer model have different tensors")
+        # Tensor by tensor (each gathered alone when `model` is sharded over ranks): no whole
+        # second copy of the model is built on the way.
+        with torch.no_grad():
+            for k, v in iter_full_state(model):
+                dst[k].copy_(v)
+                if not torch.equal(dst[k].to(v.device, v.dtype), v):
+                    raise WeightSyncError(f"HF engine copy of {k} differs from the trainer's")
         return time.perf_counter() - t0
 
     def close(self) -> None:

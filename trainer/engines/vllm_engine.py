@@ -40,7 +40,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
 
-from trainer.dist.collectives import full_state_dict  # noqa: E402
+from trainer.dist import collectives as distributed  # noqa: E402
 from trainer.engines.base import (WeightSyncError, logprob_tolerance, probe_tokens,  # noqa: E402
                                   trainer_token_logprobs)
 from trainer.models.loading import DTYPES  # noqa: E402
@@ -166,11 +166,11 @@ class VLLMEngine:
     def _engine_model(self) -> torch.nn.Module:
         return self._worker().model_runner.model
 
-    def _load(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def _load(self, weights) -> None:
+        """Load `weights()` (a fresh iterator of (name, tensor) per call) into the engine."""
         loaders = {
-            "reload_weights": lambda: self._worker().reload_weights(
-                weights_iterator=iter(state_dict.items())),
-            "load_weights": lambda: self._engine_model().load_weights(iter(state_dict.items())),
+            "reload_weights": lambda: self._worker().reload_weights(weights_iterator=weights()),
+            "load_weights": lambda: self._engine_model().load_weights(weights()),
         }
         order = [self._loader] if self._loader else list(loaders)
         errors = []
@@ -186,9 +186,9 @@ class VLLMEngine:
     def sync_weights(self, model: torch.nn.Module) -> float:
         """Load `model`'s weights into the engine, reset the prefix cache, verify."""
         t0 = time.perf_counter()
-        # The trainer's float32 master weights go over in the engine's dtype (bf16 on a GPU).
-        state = {k: v.detach().to(DTYPES[self.dtype]) for k, v in full_state_dict(model).items()}
-        self._load(state)
+        # The trainer's float32 master weights go over in the engine's dtype (bf16 on a GPU),
+        # streamed tensor by tensor (sharded ones gathered alone, after the cast).
+        self._load(lambda: distributed.iter_full_state(model, DTYPES[self.dtype]))
         self.llm.reset_prefix_cache()
         self.verify(model)
         return time.perf_counter() - t0
@@ -237,20 +237,43 @@ class VLLMEngine:
 
 
 def _fingerprint(tensors, dtype: torch.dtype | None) -> tuple[float, float]:
-    """(sum, sum of squares) in float64 over unique tensors, each first cast to `dtype`."""
-    s = sq = 0.0
+    """(sum, sum of squares) in float64 over unique tensors, each first cast to `dtype`.
+
+    Tied weights count once, as in the engine: tensors are told apart by identity (a module's
+    `parameters()` already yields a tied one once). Not by `data_ptr()`: that is 0 for every
+    FSDP2-sharded parameter (a DTensor), which made a sharded policy's fingerprint its first
+    tensor. A sharded tensor adds its local shard's sums, which are then summed over the ranks
+    (one all-reduce; every rank fingerprints its shards at the same point of the step).
+    """
+    whole = torch.zeros(2, dtype=torch.float64)
+    shards = torch.zeros(2, dtype=torch.float64)
+    sharded = False
     seen = set()
     for t in tensors:
-        if t.data_ptr() in seen:  # tied weights count once, as in the engine
+        if id(t) in seen:
             continue
-        seen.add(t.data_ptr())
-        x = t.detach()
+        seen.add(id(t))
+        x, part = _local_part(t.detach())
+        sharded |= part
         if dtype is not None:
             x = x.to(dtype)
         x = x.double()
-        s += float(x.sum())
-        sq += float((x * x).sum())
-    return s, sq
+        (shards if part else whole).add_(torch.stack([x.sum(), (x * x).sum()]).cpu())
+    if sharded:
+        whole += distributed.all_sum(shards)
+    return float(whole[0]), float(whole[1])
+
+
+def _local_part(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(what this rank holds of `t`, whether that is one shard of a tensor split over ranks).
+    A DTensor replicated anywhere (not plain FSDP sharding) is gathered whole instead."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return t, False
+    if all(p.is_shard() for p in t.placements):
+        return t.to_local(), True
+    return t.full_tensor(), False
 
 
 def _module_fingerprint(model: torch.nn.Module, dtype: torch.dtype) -> tuple[float, float]:

@@ -425,10 +425,13 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     totals = dict.fromkeys(STAT_KEYS, 0.0)
     chunks, shared = _chunks(model, minibatch.prompt_ids, minibatch.response_ids, max_tokens, cfg.shared_prefix)
     pad = distributed.pad_count(model, len(chunks))  # before any forward: it is a collective too
-    for chunk in chunks:
+    last = len(chunks) + pad - 1  # every rank runs as many backwards: the last syncs gradients
+    for i, chunk in enumerate(chunks):
+        distributed.gradient_sync(model, i == last)
         for k, v in _micro_step(model, minibatch, chunk, old_logp, ref_logp, cfg, n_tokens, shared).items():
             totals[k] += v
-    for _ in range(pad):
+    for i in range(len(chunks), last + 1):
+        distributed.gradient_sync(model, i == last)
         distributed.dummy_pass(model, backward=True)
     if distributed.active():
         totals = dict(zip(STAT_KEYS, distributed.all_sum_floats([totals[k] for k in STAT_KEYS])))

@@ -8,6 +8,7 @@ Importable without torch: the API validates uploads with `dataset_task.validate_
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from trainer.spec import TaskSpec
 from trainer.tasks.base import Example, Task, VerifierSpec
@@ -15,8 +16,9 @@ from trainer.tasks.base import Example, Task, VerifierSpec
 __all__ = ["Example", "Task", "VerifierSpec", "build_task"]
 
 
-def build_task(task_spec: TaskSpec, seed: int, dataset_path: Path | None = None) -> Task:
-    """The spec's reasoning-gym task, or its uploaded dataset read from `dataset_path`."""
+def build_task_here(task_spec: TaskSpec, seed: int, dataset_path: Path | None = None) -> Task:
+    """The spec's reasoning-gym task, or its uploaded dataset read from `dataset_path`, built
+    in this process (no limits: `build_task` is the one to call on tenant input)."""
     if task_spec.reasoning_gym is not None:
         from trainer.tasks import reasoning_gym_task
 
@@ -25,4 +27,20 @@ def build_task(task_spec: TaskSpec, seed: int, dataset_path: Path | None = None)
         raise ValueError(f"task.dataset {task_spec.dataset.id!r} needs a dataset_path")
     from trainer.tasks import dataset_task
 
-    return dataset_task.build(task_spec.dataset, Path(dataset_path), seed)
+    return dataset_task.build(task_spec.dataset, Path(dataset_path), seed,
+                              need_answer=task_spec.grader is None)
+
+
+def build_task(task_spec: TaskSpec, seed: int, dataset_path: Path | None = None,
+               stop_check: Callable[[], None] | None = None) -> Task:
+    """`build_task_here` in a child process with the time and memory limits of
+    `trainer.tasks.isolated` (BRORL_TASK_BUILD_TIMEOUT_S, BRORL_TASK_BUILD_MEMORY_MB);
+    `stop_check` is polled while it works and a stop kills the child."""
+    from trainer.tasks import isolated
+
+    what = (f"building reasoning-gym task {task_spec.reasoning_gym.name}"
+            if task_spec.reasoning_gym else f"building dataset task {task_spec.dataset.id}")
+    return isolated.run_isolated(
+        build_task_here, (task_spec, seed, dataset_path), what=what,
+        timeout_s=isolated.BUILD_TIMEOUT_S, memory_mb=isolated.BUILD_MEMORY_MB,
+        stop_check=stop_check)

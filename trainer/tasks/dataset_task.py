@@ -1,8 +1,11 @@
 """Uploaded JSONL datasets: format validation, a seeded train/eval split, and the verifier.
 
-Each line is a JSON object with a string `prompt` and an `answer` (string or number); other
-fields travel in the example's payload. `count_valid_rows` is what the API's upload handler
-calls, so this module imports neither torch nor anything heavy.
+Each line is a JSON object with a string `prompt`; any other JSON fields travel in the
+example's payload (a grader sees the whole row as its `item`). An `answer` (string or number)
+is needed only by what reads it: the built-in verifiers, or a grader whose templates name
+`item.answer`; `check_rows_for` is the submission-time check of a dataset against the job's
+reward. `count_valid_rows` is what the API's upload handler calls, so this module imports
+neither torch nor anything heavy.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import random
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
 
-from trainer.spec import DatasetTask
+from trainer.spec import DatasetTask, FieldError, TaskSpec
 from trainer.tasks.base import Example, Task, Verifier, VerifierSpec
 from trainer.tasks.verifiers import ANSWER_CHECKS, VERIFIERS
 
@@ -27,7 +30,7 @@ class DatasetFormatError(ValueError):
         self.message = message
 
 
-def _row(line_no: int, raw: str | bytes) -> dict | None:
+def _row(line_no: int, raw: str | bytes, need_answer: bool = True) -> dict | None:
     """The line's object, None for a blank line; DatasetFormatError when it is invalid."""
     if isinstance(raw, bytes):
         try:
@@ -47,6 +50,8 @@ def _row(line_no: int, raw: str | bytes) -> dict | None:
     prompt, answer = row.get("prompt"), row.get("answer")
     if not isinstance(prompt, str) or not prompt.strip():
         raise DatasetFormatError(line_no, "needs a non-empty string field 'prompt'")
+    if not need_answer:
+        return row
     # bool is an int in Python but never a sensible answer; NaN/inf cannot be matched.
     is_number = isinstance(answer, (int, float)) and not isinstance(answer, bool)
     if is_number and not math.isfinite(answer):
@@ -56,13 +61,14 @@ def _row(line_no: int, raw: str | bytes) -> dict | None:
     return row
 
 
-def iter_rows(lines: Iterable[str | bytes], verifier: str | None = None) -> Iterator[dict]:
+def iter_rows(lines: Iterable[str | bytes], verifier: str | None = None,
+              need_answer: bool = True) -> Iterator[dict]:
     """The rows of a JSONL file one by one (blank lines skipped); DatasetFormatError at the
     first bad line. With `verifier`, the answers are also checked for it (numbers for
-    `numeric`, valid patterns for `regex`)."""
-    check = ANSWER_CHECKS.get(verifier or "")
+    `numeric`, valid patterns for `regex`); `need_answer=False` accepts rows without one."""
+    check = ANSWER_CHECKS.get(verifier or "") if need_answer else None
     for line_no, raw in enumerate(lines, start=1):
-        row = _row(line_no, raw)
+        row = _row(line_no, raw, need_answer)
         if row is None:
             continue
         if check is not None:
@@ -73,9 +79,10 @@ def iter_rows(lines: Iterable[str | bytes], verifier: str | None = None) -> Iter
         yield row
 
 
-def validate_jsonl(lines: Iterable[str | bytes], verifier: str | None = None) -> list[dict]:
+def validate_jsonl(lines: Iterable[str | bytes], verifier: str | None = None,
+                   need_answer: bool = True) -> list[dict]:
     """All rows of a JSONL file (see `iter_rows`); DatasetFormatError if there are none."""
-    rows = list(iter_rows(lines, verifier))
+    rows = list(iter_rows(lines, verifier, need_answer))
     if not rows:
         raise DatasetFormatError(0, "has no examples")
     return rows
@@ -97,15 +104,41 @@ def count_valid_rows(fh: BinaryIO, max_line_bytes: int) -> int:
     What the API's upload runs: memory stays at one line (at most `max_line_bytes`) however
     large the file, where `validate_jsonl` keeps every row.
     """
-    count = sum(1 for _ in iter_rows(_capped_lines(fh, max_line_bytes)))
+    count = sum(1 for _ in iter_rows(_capped_lines(fh, max_line_bytes), need_answer=False))
     if count == 0:
         raise DatasetFormatError(0, "has no examples")
     return count
 
 
+def check_rows_for(fh: BinaryIO, task: TaskSpec, max_line_bytes: int) -> None:
+    """FieldError when the dataset cannot feed the job's reward, one line at a time.
+
+    Without a grader every row needs an `answer` the verifier accepts; with one, every row
+    needs each top-level field the grader's templates (or its verifier / code type) read.
+    """
+    lines = _capped_lines(fh, max_line_bytes)
+    if task.grader is None:
+        verifier = task.dataset.verifier
+        try:
+            for _ in iter_rows(lines, verifier):
+                pass
+        except DatasetFormatError as exc:
+            raise FieldError("task.dataset.id", f"the {verifier} verifier cannot use this "
+                             f"dataset: {exc}") from None
+        return
+    from trainer.graders.models import parse_grader
+
+    fields = sorted(parse_grader(task.grader).item_fields())
+    for index, row in enumerate(iter_rows(lines, need_answer=False)):
+        for name in fields:
+            if name not in row:
+                raise FieldError("task.grader", f"reads item.{name}, but dataset row {index} "
+                                 f"has no field {name!r}")
+
+
 def _example(row: dict) -> Example:
     payload = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
-    return Example(question=row["prompt"], answer=str(row["answer"]), payload=payload)
+    return Example(question=row["prompt"], answer=str(row.get("answer", "")), payload=payload)
 
 
 def split(n: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -129,10 +162,11 @@ def dedupe_by_prompt(rows: list[dict]) -> list[dict]:
     return out
 
 
-def build(spec: DatasetTask, path: Path, seed: int) -> Task:
-    """The uploaded dataset at `path`, split deterministically by `seed`."""
+def build(spec: DatasetTask, path: Path, seed: int, need_answer: bool = True) -> Task:
+    """The uploaded dataset at `path`, split deterministically by `seed` (`need_answer`:
+    False when a grader, not the verifier, rewards the job)."""
     with open(path, "rb") as fh:
-        rows = dedupe_by_prompt(validate_jsonl(fh, verifier=spec.verifier))
+        rows = dedupe_by_prompt(validate_jsonl(fh, verifier=spec.verifier, need_answer=need_answer))
     train_idx, eval_idx = split(len(rows), spec.eval_fraction, seed)
     return Task(
         name=spec.id,

@@ -136,7 +136,7 @@ class Scorer:
             raise ValueError(f"{n} completions, {len(examples)} examples, {len(truncated)} truncated flags")
         todo = [i for i in range(n) if not truncated[i]]
         items = [(completions[i], examples[i].answer, examples[i].payload) for i in todo]
-        results = self._run_local(items) if self.workers == 0 else self._run_pool(items)
+        results = self.score_each(items)
 
         scores, statuses = [0.0] * n, [OK] * n
         for i, (score, status) in zip(todo, results):
@@ -148,6 +148,13 @@ class Scorer:
             rewards=rewards, scores=scores, correct=correct,
             timeouts=statuses.count(TIMEOUT), errors=statuses.count(ERROR),
             seconds=time.perf_counter() - start)
+
+    def score_each(self, items: list[tuple[str, str, dict]]) -> list[tuple[float, int]]:
+        """(score, status) of each (completion, answer, payload): status OK, TIMEOUT or ERROR.
+
+        The per-sample view the graders' `verifier` type needs (it reports each sample's error).
+        """
+        return self._run_local(items) if self.workers == 0 else self._run_pool(items)
 
     def _run_local(self, items: list) -> list[tuple[float, int]]:
         return score_chunk(self.spec, items, timeout_s=None)

@@ -1,4 +1,5 @@
-"""A stand-in for `trainer.train` used by the worker and end-to-end tests.
+"""A stand-in for `trainer.train` (`tests.support.jobs.FAKE_ENTRYPOINT`) used by the worker, fault
+and end-to-end tests of the service's plumbing.
 
 It has the real signature and talks to the sink exactly like the trainer: one `metrics` call
 per step (3 steps), a `stage_started` event, and a checkpoint folder (two files plus its
@@ -12,6 +13,8 @@ survives the trip through HTTP, the database and a worker subprocess:
 - `rankdied`: raise `FakeRankDied` (`retryable = True`, like `trainer.dist.launch.RankDied`)
   after the first step, as a many-GPU job does when one of its ranks dies;
 - `ckpt`: save (and record) a checkpoint after every step, not only the last.
+- `build`: first build the spec's task as the real trainer does (`trainer.tasks.build_task`,
+  in a child process with its limits, a stop polled meanwhile).
 A dataset job fails unless `dataset_path` is an existing file (the runner must resolve it).
 """
 from __future__ import annotations
@@ -68,6 +71,14 @@ def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = Non
     sleep_s, fail = _options(spec.name)
     if dataset_path is not None and not Path(dataset_path).is_file():
         raise FileNotFoundError(f"dataset {dataset_path} is missing")
+    if _flag(spec.name, "build"):
+        from trainer.stop import StopRequested, stop_check
+        from trainer.tasks import build_task
+
+        try:
+            build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check(should_stop))
+        except StopRequested:
+            return FakeResult(0, True, None)
     start = 0
     if resume is not None:
         start = json.loads((Path(resume) / "trainer_state.json").read_text())["step"]

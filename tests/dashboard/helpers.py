@@ -1,0 +1,40 @@
+"""The browser tests' jobs and helpers: the two tiny specs, an API client on the stack, polling."""
+from __future__ import annotations
+
+import time
+
+from cli.client import BrorlClient
+from tests.support.upstack import Stack
+
+
+def tiny_spec(name: str, schedule: list[dict], *, checkpoint_every: int = 4) -> dict:
+    return {
+        "spec_version": 1, "name": name, "seed": 11,
+        "model": {"path": "builtin:tiny"},
+        "task": {"reasoning_gym": {"name": "chain_sum", "train_size": 400, "eval_size": 16,
+                                   "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}},
+        "rollout": {"engine": "hf", "schedule": schedule, "max_new_tokens": 24},
+        "eval": {"every": 2, "samples_per_prompt": 2, "k": [1, 2]},
+        "checkpoint": {"every": checkpoint_every, "keep_last": 2},
+        "algo": {"mini_batches": 1},
+        "optim": {"lr": 1e-4},
+    }
+
+
+SPEC_A = tiny_spec("dash-a", [{"n": 4, "prompts_per_step": 2, "steps": 4},
+                              {"n": 8, "prompts_per_step": 2, "steps": 4}])
+SPEC_B = tiny_spec("dash-b", [{"n": 8, "prompts_per_step": 2, "steps": 4}])
+
+
+def client(stack: Stack, key: str | None = None) -> BrorlClient:
+    return BrorlClient(stack.url, key or stack.key, timeout=30)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(interval)

@@ -1,0 +1,102 @@
+"""Graders end to end: `brorl up` with the real worker and trainer on builtin:tiny runs a job
+rewarded by a python grader and one by a multi grader (python + string_check) to success; the
+metrics carry grader/* and reward/<key>, the stored samples their sub-rewards."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from cli.client import BrorlClient
+from trainer.graders import sandbox_layer
+from trainer.spec import JobSpec
+from tests.support.tinyprebuild import prebuild
+from tests.support.upstack import Stack, running_stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
+              pytest.mark.skipif(sandbox_layer() == "none", reason="no grader sandbox here")]
+
+ANSWER_PY = """
+import re
+
+def grade(sample, item):
+    m = re.search(r"<answer>(.*?)</answer>", sample["output_text"])
+    return float(m is not None and m.group(1).strip() == str(item["answer"]))
+"""
+PYTHON = {"type": "python", "name": "right answer", "source": ANSWER_PY}
+MULTI = {"type": "multi", "name": "answer and format",
+         "calculate_output": "0.75 * right + 0.25 * tagged",
+         "graders": {"right": PYTHON,
+                     "tagged": {"type": "string_check", "name": "tagged",
+                                "input": "{{ sample.output_text }}", "reference": "</answer>",
+                                "operation": "like"}}}
+
+
+def spec(name: str, grader: dict) -> dict:
+    return {
+        "spec_version": 1, "name": name, "seed": 23,  # a seed no other test's tiny model uses
+        "model": {"path": "builtin:tiny"},
+        "task": {"reasoning_gym": {"name": "chain_sum", "train_size": 200, "eval_size": 8,
+                                   "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
+                 "grader": grader, "reward": "score"},
+        "rollout": {"engine": "hf", "max_new_tokens": 24,
+                    "schedule": [{"n": 4, "prompts_per_step": 2, "steps": 3}]},
+        "algo": {"mini_batches": 1, "dynamic_sampling": False},
+        "eval": {"every": 0, "samples_per_prompt": 2, "k": [1]},
+        "checkpoint": {"every": 0, "keep_last": 1},
+        "samples": {"per_step": 4},
+        "optim": {"lr": 1e-4},
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[Stack]:
+    # builtin:tiny's cache key leaves the grader out: one short warm start serves both jobs,
+    # found by the worker in the session's BRORL_CACHE_DIR (tests/conftest.py).
+    prebuild(JobSpec.model_validate(spec("warm", PYTHON)), sft_steps=100)
+    with running_stack(tmp_path_factory.mktemp("graders"), {
+            "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1"}) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def finished(stack: Stack) -> dict[str, dict]:
+    with BrorlClient(stack.url, stack.key, timeout=30) as client:
+        ids = {name: client.submit(spec(name, grader))["id"]
+               for name, grader in (("python", PYTHON), ("multi", MULTI))}
+        jobs = {name: client.wait(job_id, poll=1, timeout=800) for name, job_id in ids.items()}
+        for name, job in jobs.items():
+            assert job["status"] == "succeeded", (job, stack.output()[-4000:])
+            job["metric_rows"] = client.metrics(job["id"])["data"]
+            job["sample_rows"] = client._json("GET", f"/v1/jobs/{job['id']}/samples",
+                                              params={"step": 1})["data"]
+        return jobs
+
+
+def _trained(job: dict) -> list[dict]:
+    return [row["values"] for row in job["metric_rows"] if row["step"] > 0]
+
+
+def test_a_python_grader_job_succeeds_with_grader_metrics(finished):
+    rows = _trained(finished["python"])
+    assert len(rows) == 3
+    for values in rows:
+        assert values["grader/errors"] == 0 and values["grader/timeouts"] == 0
+        assert values["grader/seconds"] > 0
+        assert not any(k.startswith("reward/") for k in values)
+    samples = finished["python"]["sample_rows"]
+    assert samples and all(s["sub_rewards"] == {} for s in samples)
+
+
+def test_a_multi_grader_job_logs_and_stores_each_sub_reward(finished):
+    for values in _trained(finished["multi"]):
+        assert values["grader/errors"] == 0
+        assert {"reward/right", "reward/tagged"} <= set(values)
+        assert values["reward/tagged"] > 0  # the warm-started model closes its answer tag
+    samples = finished["multi"]["sample_rows"]
+    assert len(samples) == 4
+    for s in samples:
+        assert set(s["sub_rewards"]) == {"right", "tagged"}
+        if not s["truncated"]:
+            want = 0.75 * s["sub_rewards"]["right"] + 0.25 * s["sub_rewards"]["tagged"]
+            assert s["reward"] == pytest.approx(want, abs=1e-6)

@@ -1,0 +1,125 @@
+"""LLM judges (score_model, label_model) against a real OpenAI-compatible endpoint: vLLM's
+server on the CPU with a tiny untrained model, its answers held to the JSON schema by
+guided decoding. Judges are named by the operator (BRORL_JUDGES); a tenant cannot give a
+URL."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from trainer.graders import grade_batch, run_grader, validate_grader
+from trainer.graders.judges import JUDGES_ENV, JudgeError
+
+LABEL = {"type": "label_model", "name": "polite", "model": "tiny",
+         "input": [{"role": "system", "content": "Is the answer polite?"},
+                   {"role": "user", "content": "{{ item.question }} -> {{ sample.output_text }}"}],
+         "labels": ["yes", "no"], "passing_labels": ["yes"],
+         "sampling_params": {"temperature": 1.0, "seed": 1, "max_completions_tokens": 32}}
+SCORE = {"type": "score_model", "name": "quality", "model": "tiny",
+         "input": [{"role": "user", "content": "Rate 0..1: {{ sample.output_text }}"}],
+         "range": [0, 1],
+         "sampling_params": {"temperature": 1.0, "seed": 0, "max_completions_tokens": 48}}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def judge_url(tmp_path_factory):
+    pytest.importorskip("vllm")
+    from trainer.models.tiny import build_untrained, save_folder
+
+    root = tmp_path_factory.mktemp("judge")
+    model, tokenizer = build_untrained(0)
+    save_folder(model, tokenizer, root / "model")
+    (root / "chat.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    port = _free_port()
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+         str(root / "model"), "--served-model-name", "tiny", "--dtype", "float32",
+         "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "8", "--port", str(port),
+         "--chat-template", str(root / "chat.jinja"), "--structured-outputs-config",
+         '{"backend": "xgrammar", "disable_any_whitespace": true}'],
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, stdout=log, stderr=log,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "vLLM did not start in 10 minutes"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def judges(judge_url, monkeypatch):
+    monkeypatch.setenv(JUDGES_ENV, json.dumps({"tiny": {"base_url": judge_url, "model": "tiny"}}))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_label_model_against_a_real_endpoint(judges):
+    items = [{"question": f"q{n}"} for n in range(6)]
+    results = grade_batch(LABEL, [f"answer {n}" for n in range(6)], items)
+    assert not any(r.failed for r in results), [r.details for r in results]
+    assert {r.reward for r in results} <= {0.0, 1.0}
+    response = run_grader(LABEL, "thanks!", {"question": "q"})
+    assert response["metadata"]["type"] == "label_model"
+    assert not any(v for k, v in response["metadata"]["errors"].items())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_score_model_against_a_real_endpoint(judges):
+    # The schema's minimum/maximum keep even an untrained judge's number within the range.
+    results = grade_batch(SCORE, [f"answer {n}" for n in range(8)], [{}] * 8)
+    assert not any(r.failed for r in results), [r.details for r in results]
+    assert all(0.0 <= r.reward <= 1.0 for r in results)
+    wide = grade_batch({**SCORE, "range": [2, 7]}, ["x"] * 4, [{}] * 4)
+    assert all(2.0 <= r.reward <= 7.0 and not r.failed for r in wide), [r.details for r in wide]
+
+
+def test_a_judge_must_be_configured_by_the_operator(monkeypatch):
+    monkeypatch.setenv(JUDGES_ENV, json.dumps({"tiny": {"base_url": "http://127.0.0.1:9"}}))
+    for model in ("gpt-4o", "http://169.254.169.254/latest"):
+        with pytest.raises(JudgeError, match=f"model: no judge named '{model}'"):
+            validate_grader({**LABEL, "model": model})
+        result = grade_batch({**LABEL, "model": model}, ["x"], [{"question": "q"}])[0]
+        assert result.errors["other_error"] and "configured: tiny" in result.details
+    down = grade_batch(LABEL, ["x"], [{"question": "q"}])[0]  # configured, nothing listening
+    assert down.reward == 0.0 and down.errors["other_error"] and "unreachable" in down.details
+
+
+def test_judge_grader_validation_names_the_field():
+    with pytest.raises(ValidationError, match="(?s)passing_labels"):
+        validate_grader({**LABEL, "passing_labels": ["maybe"]})
+    with pytest.raises(ValidationError, match="(?s)range"):
+        validate_grader({**SCORE, "range": [1, 0]})
+    with pytest.raises(ValidationError, match="(?s)input.0.content"):
+        validate_grader({**SCORE, "input": [{"role": "user", "content": "{{ env.KEY }}"}]})

@@ -1,0 +1,34 @@
+"""The environment variables the graders read, in one place (the operator's business).
+
+Sandbox limits (OpenAI's defaults: 2 GB memory, 2 minutes a call), the unsafe override for
+machines with no isolation layer, the LLM judges a tenant may name, and where WordNet lives.
+Read fresh on each call, so a test or a worker can change them between runs; a bad value is
+a ValueError naming its variable.
+"""
+from __future__ import annotations
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PREFIX = "BRORL_"
+
+
+class GraderSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore")
+
+    grader_memory_mb: int = Field(2048, ge=64, description="address space of a sandbox")
+    grader_tmp_mb: int = Field(256, ge=1, description="size of a sandbox's private /tmp")
+    grader_output_kb: int = Field(1024, ge=1, description="what one program may print")
+    grader_timeout_s: float = Field(120.0, gt=0, description="wall time per graded sample")
+    unsafe_graders: bool = Field(False, description="run graders with no isolation layer")
+    judges: str = Field("", description='JSON {"name": {"base_url", "model", ...}} of judges')
+    wordnet_dir: str = Field("", description="WordNet 3.0 database folder for meteor")
+
+
+def grader_settings() -> GraderSettings:
+    try:
+        return GraderSettings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = PREFIX + str(err["loc"][0]).upper()
+        raise ValueError(f"{name}={err.get('input')!r}: {err['msg']}") from None

@@ -1,0 +1,156 @@
+"""Before training: sample a model n times on each eval prompt and read its pass@k curve.
+
+The question a probe answers is BroRL's regime question (docs/probe.md): how many prompts does
+a N = 16 batch leave all-wrong although the model can solve them? It runs the eval split
+through the same rollout engine, prompt rendering and scorer as training and evaluation
+(`trainer.evaluate.opened`), at the training rollout's temperature by default, and turns the
+per-prompt correct counts into figures (`trainer.algo.probe_stats`) and a recommended schedule
+(`trainer.algo.recommend`).
+
+Generation goes in chunks of at most `chunk_samples` samples (several prompts x n when n is
+small, one prompt in pieces when n is large), so memory does not grow with n (up to 4096); the
+stop callable is checked before each chunk, so a cancel reaches a probe within one chunk, and
+`on_progress` hears after each one.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from trainer.algo.probe_stats import figures
+from trainer.algo.recommend import recommend
+from trainer.evaluate import EvalContext, opened
+from trainer.prompt_stream import mix_seed
+from trainer.rollouts import SamplingConfig
+from trainer.spec import JobSpec
+from trainer.stop import stop_check
+from trainer.probe_spec import ProbeSpec
+
+Progress = Callable[[dict], None]
+
+
+def chunk_plan(prompts: int, n: int, chunk: int) -> list[tuple[list[int], int]]:
+    """Generate calls as (prompt indices, samples per prompt), each at most `chunk` samples
+    samples, covering every prompt n times (a prompt whose n exceeds `chunk` is split)."""
+    if n <= chunk:
+        per = max(1, chunk // n)
+        return [(list(range(p, min(p + per, prompts))), n) for p in range(0, prompts, per)]
+    calls = []
+    for p in range(prompts):
+        left = n
+        while left:
+            take = min(chunk, left)
+            calls.append(([p], take))
+            left -= take
+    return calls
+
+
+@dataclass
+class Tally:
+    """What the chunks add up to, per prompt and overall."""
+
+    correct: list[int]
+    reward_sum: list[float]
+    samples: int = 0
+    tokens: int = 0
+    truncated: int = 0
+    timeouts: int = 0
+    gen_s: float = 0.0
+    score_s: float = 0.0
+
+    def add(self, prompt_index: list[int], ids: list[list[int]], finished: list[bool], scored) -> None:
+        for p, ok, r in zip(prompt_index, scored.correct, scored.rewards):
+            self.correct[p] += int(ok)
+            self.reward_sum[p] += float(r)
+        self.samples += len(ids)
+        self.tokens += sum(len(t) for t in ids)
+        self.truncated += sum(1 for f in finished if not f)
+        self.timeouts += int(getattr(scored, "timeouts", 0) or 0)
+
+
+def sample_counts(ctx: EvalContext, probe: ProbeSpec, check: Callable[[], None],
+                  on_progress: Progress | None = None) -> Tally:
+    """Correct counts of `probe.n` samples on each prompt of `ctx`, chunk by chunk."""
+    prompts = len(ctx.prompt_ids)
+    tally = Tally(correct=[0] * prompts, reward_sum=[0.0] * prompts)
+    total = prompts * probe.n
+    for call, (idx, count) in enumerate(chunk_plan(prompts, probe.n, probe.chunk_samples)):
+        check()
+        sampling = SamplingConfig(n=count, max_new_tokens=probe.max_new_tokens, temperature=probe.temperature,
+                                  top_p=probe.top_p, seed=mix_seed(probe.seed, 7919, call))
+        t0 = time.perf_counter()
+        gen = ctx.engine.generate([ctx.prompt_ids[i] for i in idx], sampling)
+        t1 = time.perf_counter()
+        check()  # scoring a large chunk takes a while too
+        texts = ctx.tokenizer.batch_decode(gen.token_ids, skip_special_tokens=True)
+        owners = [idx[i] for i in gen.prompt_index]
+        scored = ctx.scorer.score(texts, [ctx.examples[p] for p in owners], [not f for f in gen.finished])
+        tally.add(owners, gen.token_ids, gen.finished, scored)
+        tally.gen_s += t1 - t0
+        tally.score_s += time.perf_counter() - t1
+        if on_progress:
+            on_progress({"samples_done": tally.samples, "samples_total": total})
+    return tally
+
+
+def result_of(tally: Tally, probe: ProbeSpec, base: JobSpec, seconds: float) -> dict:
+    """The probe's whole result: figures, run totals and the recommendation."""
+    n = probe.n
+    out = figures(tally.correct, n, [r / n for r in tally.reward_sum], seed=probe.seed)
+    samples = max(tally.samples, 1)
+    out.update({
+        "response_len_mean": tally.tokens / samples,
+        "truncated_frac": tally.truncated / samples,
+        "tokens": tally.tokens,
+        "samples": tally.samples,
+        "seconds": seconds,
+        "gen_seconds": tally.gen_s,
+        "score_seconds": tally.score_s,
+        # Sampling throughput (generation + scoring), without the model's load or warm start.
+        "samples_per_s": tally.samples / max(tally.gen_s + tally.score_s, 1e-9),
+        "temperature": probe.temperature,
+        "max_new_tokens": probe.max_new_tokens,
+    })
+    out["recommendation"] = recommend(out, base)
+    return out
+
+
+def probe(spec: ProbeSpec, base: JobSpec, should_stop: Callable[[], bool], *, model_dir: Path | None = None,
+          dataset_path: Path | None = None, on_progress: Progress | None = None) -> dict:
+    """Probe the model of `base` (or the checkpoint folder `model_dir`) on `base`'s task.
+
+    `base` is the job spec the recommendation builds on: the user's own, or
+    `trainer.probe_spec.base_job_spec(spec)`. Raises `trainer.stop.StopRequested` when
+    `should_stop()` turns true (between chunks, and during builtin:tiny's warm start).
+    """
+    from trainer.threads import configure_threads
+
+    configure_threads()
+    check = stop_check(should_stop)
+    t0 = time.perf_counter()
+    with opened(base, model_dir, dataset_path, prompts=spec.prompts,
+                max_num_seqs=min(spec.chunk_samples, spec.n * spec.prompts), stop_check=check) as ctx:
+        tally = sample_counts(ctx, spec, check, on_progress)
+    result = result_of(tally, spec, base, time.perf_counter() - t0)
+    if result["prompts"] < spec.prompts:
+        result["note"] = f"the eval split has {result['prompts']} prompts; {spec.prompts} were asked for"
+    return result
+
+
+def probe_policy(ctx: EvalContext, spec: JobSpec, n: int, prompts: int, at_n: int,
+                 check: Callable[[], None], seed: int) -> dict:
+    """Mid-training probe (`rollout.broaden.trigger: probe`): the running policy's engine, `n`
+    samples on the first `prompts` eval prompts at the rollout's sampling, summarised for the
+    decision: the share of prompts all-wrong at the stage's `at_n` yet solved within `n`."""
+    from trainer.algo.probe_stats import decision_figures
+
+    pspec = ProbeSpec(model=spec.model, task=spec.task, n=n, prompts=prompts, seed=seed,
+                      max_new_tokens=spec.rollout.max_new_tokens, temperature=spec.rollout.temperature,
+                      top_p=spec.rollout.top_p)
+    sub = EvalContext(ctx.engine, ctx.tokenizer, ctx.scorer, ctx.examples[:prompts], ctx.prompt_ids[:prompts])
+    t0 = time.perf_counter()
+    tally = sample_counts(sub, pspec, check)
+    return {**decision_figures(tally.correct, n, at_n), "truncated_frac": tally.truncated / max(tally.samples, 1),
+            "seconds": time.perf_counter() - t0}
