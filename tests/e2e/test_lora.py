@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from cli.client import BrorlClient
-from tests.tinyprebuild import prebuild
-from tests.upstack import Stack, running_stack
+from tests.support.tinyprebuild import prebuild
+from tests.support.upstack import Stack, running_stack
 from trainer.spec import JobSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tinyprebuild import prebuild
+from tests.support.tinyprebuild import prebuild
 from trainer.checkpoints.io import latest, verify
 from trainer.sink import ListSink
 from trainer.spec import JobSpec

@@ -122,6 +122,10 @@ class AdapterReference(torch.nn.Module):
         self.is_base = self._adapter_is_zero()
         return result
 
+    def copy_weights_from(self, policy: torch.nn.Module) -> None:
+        """A reference reset (`trainer.dist.collectives.copy_weights`): snapshot the adapter."""
+        self.load_state_dict(policy.state_dict())
+
     @contextlib.contextmanager
     def active(self, policy: torch.nn.Module):
         """`policy` acting as the reference for the duration (weights restored after)."""
