@@ -139,7 +139,15 @@ class CheckpointPublic(_Public):
     sha256: str = Field(description="Checksum the worker recorded for the folder's contents; "
                                     "the archive's own checksum is the download's ETag.")
     created_at: datetime
-    download_url: str
+    kind: Literal["full", "lora"] = Field(
+        "full", description="full: the archive is an HF model folder. lora: the archive is PEFT's "
+                            "adapter (adapter_config.json + adapter_model.safetensors; load it onto the "
+                            "base with peft, or in vLLM with --enable-lora); merged_download_url gives "
+                            "the base with the adapter merged in, an HF model folder.")
+    download_url: str = Field(description="The archive: the HF folder (full) or the adapter (lora), "
+                                          "each with the trainer state for an exact resume.")
+    merged_download_url: str | None = Field(
+        None, description="lora only: the merged HF model folder (no peft needed); null for full.")
 
 
 class DatasetPublic(_Public):

@@ -229,9 +229,11 @@ class BrorlClient:
     def list_checkpoints(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/jobs/{job_id}/checkpoints")
 
-    def download(self, job_id: str, step: int | None, dest: str | Path) -> Path:
+    def download(self, job_id: str, step: int | None, dest: str | Path, merged: bool = False) -> Path:
         """Download a checkpoint (the latest when `step` is None) and extract it into `dest`.
 
+        A LoRA job's checkpoint is PEFT's adapter; `merged` asks for the HF folder of the base
+        with the adapter merged in instead (a full fine-tuning checkpoint is that already).
         The `.tar.gz` is checked against `X-Checksum-Sha256` before anything is extracted.
         """
         if step is None:
@@ -244,7 +246,8 @@ class BrorlClient:
         # Spooled to a temporary file: a real model's archive can be gigabytes.
         with tempfile.TemporaryFile() as spool:
             digest = hashlib.sha256()
-            with self._http.stream("GET", f"/v1/jobs/{job_id}/checkpoints/{step}/download") as r:
+            query = "?variant=merged" if merged else ""
+            with self._http.stream("GET", f"/v1/jobs/{job_id}/checkpoints/{step}/download{query}") as r:
                 if r.status_code >= 400:
                     r.read()
                     raise BrorlAPIError.from_response(r)

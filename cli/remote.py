@@ -227,11 +227,19 @@ def metrics(job_id: str, follow: bool = typer.Option(False, "--follow", "-f")):
 
 @api_errors
 def download(job_id: str, step: Optional[int] = typer.Option(None, "--step"),
-             output: Path = typer.Option(..., "-o", "--output", help="Folder to extract into.")):
-    """Download a checkpoint (the latest by default), check its sha256, extract it."""
+             output: Path = typer.Option(..., "-o", "--output", help="Folder to extract into."),
+             merged: bool = typer.Option(False, "--merged", help="LoRA jobs: the base with the adapter "
+                                         "merged in (an HF model folder) instead of the PEFT adapter.")):
+    """Download a checkpoint (the latest by default), check its sha256, extract it.
+
+    A LoRA job's checkpoint is PEFT's adapter (adapter_config.json + adapter_model.safetensors)
+    unless --merged; a full fine-tuning checkpoint is an HF model folder."""
     with make_client() as client:
-        dest = client.download(job_id, step, output)
-    console.print(f"checkpoint extracted to {dest}", highlight=False)
+        dest = client.download(job_id, step, output, merged=merged)
+    what = "merged HF model folder" if merged else (
+        "PEFT adapter (load it onto the base with peft)" if (Path(dest) / "adapter_config.json").is_file()
+        else "HF model folder")
+    console.print(f"checkpoint extracted to {dest}: {what}", highlight=False)
 
 
 @api_errors

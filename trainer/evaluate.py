@@ -56,6 +56,10 @@ def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | N
     from trainer.tasks.prompts import render_prompt
     from trainer.graders.scorer import make_scorer
 
+    from trainer.checkpoints.format import MERGED_DIR, is_lora
+
+    if is_lora(model_dir):  # a LoRA checkpoint: its merged/ folder is the same model, no peft
+        model_dir = Path(model_dir) / MERGED_DIR
     task = build_task(spec.task, spec.seed, dataset_path)
     examples = task.eval[:prompts] if prompts is not None else task.eval
     with make_scorer(spec, task) as scorer:

@@ -20,6 +20,7 @@ from trainer.dist import collectives as distributed
 from trainer.prompt_stream import PromptStream
 from trainer.engines import default_engine, make_engine
 from trainer.models.loading import compute_dtype, load_policy, resolve_device
+from trainer.models.lora import load_lora_policy, trainable_parameters
 from trainer.algo.advantages import ADVANTAGES, AdvantageFn
 from trainer.algo.gaming import GamingWatch
 from trainer.optim.optimizer import make_optimizer
@@ -194,11 +195,15 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
         scorer.close()
         raise
     source = Path(resume) if resume else model_dir
-    policy, tokenizer = load_policy(source, spec.model.dtype, device,
-                                    gradient_checkpointing=spec.model.gradient_checkpointing)
     cdtype = compute_dtype(spec.model.dtype, device)
     ref = None
-    if spec.algo.kl_coef > 0:
+    if spec.model.lora is not None:  # the base from model_dir, the adapter from the checkpoint
+        source = model_dir
+        policy, tokenizer, ref = load_lora_policy(spec, model_dir, resume, device)
+    else:
+        policy, tokenizer = load_policy(source, spec.model.dtype, device,
+                                        gradient_checkpointing=spec.model.gradient_checkpointing)
+    if spec.algo.kl_coef > 0 and spec.model.lora is None:
         # The reference is never trained: it may live in the compute dtype (half the memory);
         # on many ranks it is sharded like the policy (each rank holds 1 / ranks of it).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
@@ -213,7 +218,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
         if ref is not None:
             distributed.shard_policy(ref, cdtype)
     plans = replan(spec, [])
-    optimizer = make_optimizer(policy.parameters(), spec.optim, plans[0].lr, device_dtype=cdtype)
+    optimizer = make_optimizer(trainable_parameters(policy), spec.optim, plans[0].lr, device_dtype=cdtype)
     state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
                                     spec_sha256=spec_sha256(spec), spec=spec.model_dump(mode="json"))
     if resume:
@@ -230,7 +235,8 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     widest = widest_samples(spec)
     engine = make_engine(spec.rollout.engine, source, engine_model, tokenizer, dtype=spec.model.dtype,
                          seed=spec.seed, max_model_len=max_len,
-                         max_num_seqs=max(widest, len(eval_ids) * spec.eval.samples_per_prompt))
+                         max_num_seqs=max(widest, len(eval_ids) * spec.eval.samples_per_prompt),
+                         lora_rank=spec.model.lora.rank if spec.model.lora is not None else None)
     budget = spec.algo.micro_batch_tokens
     if engine_model is not policy:
         engine.sync_weights(policy)  # a resume restored the sharded weights from dcp/

@@ -21,6 +21,7 @@ from trainer.samples import step_samples
 from trainer.graders.scorer import step_metrics as grader_step_metrics
 from trainer.prompt_stream import mix_seed
 from trainer.algo.filtering import filter_rollouts, solve_fractions
+from trainer.models.lora import reference_model
 from trainer.optim.update import ppo_update, sequence_logprobs
 from trainer.rollouts import Rollouts, SamplingConfig, concat_rollouts
 from trainer.algo.schedule import StagePlan, lr_at
@@ -219,8 +220,9 @@ def train_on_batch(run: Run, batch: Rollouts, step: int, positions: torch.Tensor
         run.policy, batch.prompt_ids, batch.response_ids, temp, budget, compute_dtype=dtype, shared_prefix=shared)
     ref = None  # run.ref is None when kl_coef is 0: no reference pass
     if run.ref is not None:
-        ref = sequence_logprobs(run.ref, batch.prompt_ids, batch.response_ids, temp, budget, compute_dtype=dtype,
-                                shared_prefix=shared)
+        with reference_model(run.policy, run.ref) as ref_model:  # LoRA: the same model, adapter off
+            ref = sequence_logprobs(ref_model, batch.prompt_ids, batch.response_ids, temp, budget,
+                                    compute_dtype=dtype, shared_prefix=shared)
     stats: list[dict[str, float]] = []
     for chunk in chunks:
         ids = chunk.tolist()

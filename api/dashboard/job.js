@@ -151,17 +151,17 @@
 
   // A plain link cannot carry the bearer header: fetch, check the archive's sha256 against
   // X-Checksum-Sha256, then hand the blob to the browser as a download.
-  async function download(ck, cell) {
+  async function download(ck, cell, merged) {
     cell.textContent = "downloading…";
     try {
-      const r = await api(ck.download_url);
+      const r = await api(merged ? ck.merged_download_url : ck.download_url);
       const expected = (r.headers.get("X-Checksum-Sha256") || "").replace(/"/g, "");
       const blob = await r.blob();
       const got = await sha256Hex(blob);
       const ok = got === expected;
       cell.replaceChildren(el("code", { class: "archive-sha", text: got }),
         el("span", { class: ok ? "sha-ok" : "error", text: ok ? " ✓ matches the server" : ` ✗ server says ${expected}` }));
-      const a = el("a", { href: URL.createObjectURL(blob), download: `${jobId}-step${ck.step}.tar.gz` });
+      const a = el("a", { href: URL.createObjectURL(blob), download: `${jobId}-step${ck.step}${merged ? "-merged" : ""}.tar.gz` });
       document.body.append(a);
       a.click();
       a.remove();
@@ -182,8 +182,16 @@
       return el("tr", { "data-step": ck.step },
         el("td", { text: ck.step }), el("td", { text: `${(ck.bytes / 1e6).toFixed(2)} MB` }),
         el("td", {}, el("code", { text: ck.sha256 })), el("td", { text: fmtTime(ck.created_at) }),
-        el("td", {}, el("button", { class: "download", text: "download .tar.gz",
-                                     onclick: () => download(ck, shaCell) })),
+        // A LoRA checkpoint: PEFT's adapter, or the base with it merged in (an HF folder).
+        ck.kind === "lora"
+          ? el("td", {}, el("button", { class: "download", text: "adapter (PEFT) .tar.gz",
+                                        title: "adapter_config.json + adapter_model.safetensors: load onto the base with peft, or vLLM --enable-lora",
+                                        onclick: () => download(ck, shaCell, false) }), " ",
+               el("button", { class: "download-merged", text: "merged HF model .tar.gz",
+                              title: "the base with the adapter merged in: loads with transformers or vLLM, no peft",
+                              onclick: () => download(ck, shaCell, true) }))
+          : el("td", {}, el("button", { class: "download", text: "HF model .tar.gz",
+                                        onclick: () => download(ck, shaCell, false) })),
         shaCell);
     }));
   }

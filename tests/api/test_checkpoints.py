@@ -153,3 +153,68 @@ def test_checkpoint_event_has_no_server_path(client, auth, job_with_checkpoint):
     events = client.get(f"/v1/jobs/{job_id}/events", headers=auth).json()["data"]
     (saved,) = [e for e in events if e["type"] == "checkpoint_saved"]
     assert saved["data"]["step"] == 2 and str(folder.parent) not in str(saved)
+
+
+@pytest.fixture(scope="session")
+def lora_checkpoint(tmp_path_factory) -> Path:
+    """A LoRA checkpoint written by `trainer.checkpoints.io.save` (peft adapter + merged/)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from trainer.checkpoints import io as checkpoint
+    from trainer.models.lora import apply_lora
+    from trainer.models.tiny import build_tokenizer
+    from trainer.spec import LoraSpec
+
+    torch.manual_seed(0)
+    base = Qwen2ForCausalLM(Qwen2Config(vocab_size=120, hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=1, num_attention_heads=2,
+                                        num_key_value_heads=1, tie_word_embeddings=True))
+    model = apply_lora(base, LoraSpec(rank=2))
+    state = checkpoint.TrainerState(step=2, stage=0, data_cursor=4, ref_step=0, spec_sha256="x")
+    out = tmp_path_factory.mktemp("lora-out")
+    return checkpoint.save(out, state, model, build_tokenizer(),
+                           torch.optim.AdamW([p for p in model.parameters() if p.requires_grad]), None).path
+
+
+def test_lora_checkpoint_downloads_as_adapter_or_merged(client, auth, settings, database_url,
+                                                        lora_checkpoint, tmp_path):
+    from peft import PeftConfig
+    from transformers import AutoModelForCausalLM
+
+    job_id = client.post("/v1/jobs", json=make_spec(model={"lora": {"rank": 2}}), headers=auth).json()["id"]
+    with session_scope(database_url) as s:
+        claim = store_jobs.claim(s, job_id, "test-worker", lease_seconds=60)
+    folder = checkpoint_dir(settings, job_id, claim.attempt, 2)
+    shutil.copytree(lora_checkpoint, folder)
+    _record(database_url, job_id, claim.attempt, folder, 2)
+    ckpt = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=auth).json()["data"][0]
+    assert ckpt["kind"] == "lora"
+    assert ckpt["merged_download_url"] == ckpt["download_url"] + "?variant=merged"
+
+    adapter = _extract(client.get(ckpt["download_url"], headers=auth).content, tmp_path / "a")
+    assert {"adapter_config.json", "adapter_model.safetensors", "trainer_state/optimizer.pt"} <= set(adapter)
+    assert not any(name.startswith("merged/") for name in adapter) and "model.safetensors" not in adapter
+    ckpt_format.verify(tmp_path / "a")  # its manifest covers exactly what it holds
+    assert PeftConfig.from_pretrained(tmp_path / "a").r == 2
+    explicit = client.get(ckpt["download_url"] + "?variant=adapter", headers=auth).content
+    assert _extract(explicit, tmp_path / "a2") == adapter
+
+    resp = client.get(ckpt["merged_download_url"], headers=auth)
+    assert resp.status_code == 200 and "merged" in resp.headers["content-disposition"]
+    assert resp.headers["X-Checksum-Sha256"] == hashlib.sha256(resp.content).hexdigest()
+    merged = _extract(resp.content, tmp_path / "m")
+    assert {"config.json", "model.safetensors", "manifest.json"} <= set(merged)
+    ckpt_format.verify(tmp_path / "m")
+    AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    ckpt_format.remove(folder)  # both archives go with the folder
+    assert not list(folder.parent.glob(folder.name + "*"))
+
+
+def test_full_checkpoint_has_no_adapter_variant(client, auth, job_with_checkpoint):
+    job_id, _ = job_with_checkpoint
+    ckpt = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=auth).json()["data"][0]
+    assert ckpt["kind"] == "full" and ckpt["merged_download_url"] is None
+    url = f"/v1/jobs/{job_id}/checkpoints/2/download"
+    assert_error(client.get(url + "?variant=adapter", headers=auth), 422, field="variant")
+    assert client.get(url + "?variant=merged", headers=auth).content == client.get(url, headers=auth).content

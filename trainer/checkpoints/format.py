@@ -10,6 +10,12 @@ job's files live) and the API (which serves them) all import. Layout of a checkp
     step-00000012.tar.gz            the download archive, built once when the checkpoint is
     step-00000012.tar.gz.sha256     recorded; its sha256 (the download's ETag) beside it
 
+A LoRA checkpoint holds PEFT's adapter (`adapter_config.json`, `adapter_model.safetensors`)
+instead of the model files, plus `merged/`: an HF folder of the base with the adapter folded
+in, with its own manifest. The default archive (the adapter, with the exact-resume state)
+leaves `merged/` out; `step-00000012.merged.tar.gz` is `merged/` alone, built on first
+download (`VARIANTS`).
+
 A checkpoint's digest is the sha256 of its manifest.json bytes: one number for the folder.
 Archives are deterministic (sorted entries, zeroed owners, gzip mtime 0), so two builders
 racing produce identical bytes and any ETag handed out stays valid.
@@ -29,6 +35,10 @@ from pathlib import Path
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
+ADAPTER_CONFIG = "adapter_config.json"   # PEFT's: present only in a LoRA checkpoint
+MERGED_DIR = "merged"                    # a LoRA checkpoint's merged HF folder
+# Download variants: None = the folder (the adapter for LoRA); "merged" = merged/ only.
+VARIANTS = (None, "merged")
 _NAME = re.compile(r"^step-(\d{8,})$")
 _CHUNK = 1 << 20
 
@@ -62,10 +72,23 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def is_lora(folder: Path) -> bool:
+    """Whether a checkpoint folder holds a LoRA adapter (and a merged/ folder)."""
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def _own_files(folder: Path) -> list[Path]:
+    """Files of `folder` its manifest covers: not the manifest, not merged/ (it has its own)."""
+    merged = folder / MERGED_DIR
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST
+                  and not (p.is_relative_to(merged) and (merged / MANIFEST).is_file()))
+
+
 def write_manifest(folder: Path) -> tuple[int, str]:
-    """Write manifest.json for every file in `folder`; returns (total bytes, digest)."""
+    """Write manifest.json for every file in `folder` (a merged/ folder with its own manifest
+    is left to it); returns (total bytes, digest)."""
     folder = Path(folder)
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    files = _own_files(folder)
     entries = {p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
                for p in files}
     body = json.dumps({"files": entries}, indent=1, sort_keys=True).encode()
@@ -89,6 +112,8 @@ def verify(folder: Path) -> None:
         p = Path(folder) / rel
         if not p.is_file() or p.stat().st_size != meta["bytes"] or sha256_file(p) != meta["sha256"]:
             raise CheckpointError(f"{Path(folder).name}: {rel} is missing or does not match the manifest")
+    if (Path(folder) / MERGED_DIR / MANIFEST).is_file():
+        verify(Path(folder) / MERGED_DIR)
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -104,15 +129,17 @@ def remove(folder: Path) -> None:
     """Delete a checkpoint folder and its archive (missing parts are fine)."""
     folder = Path(folder)
     shutil.rmtree(folder, ignore_errors=True)
-    for path in archive_paths(folder):
-        path.unlink(missing_ok=True)
+    for variant in VARIANTS:
+        for path in archive_paths(folder, variant):
+            path.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- archive
 
 
-def archive_paths(folder: Path) -> tuple[Path, Path]:
-    archive = Path(folder).with_name(Path(folder).name + ".tar.gz")
+def archive_paths(folder: Path, variant: str | None = None) -> tuple[Path, Path]:
+    suffix = f".{variant}.tar.gz" if variant else ".tar.gz"
+    archive = Path(folder).with_name(Path(folder).name + suffix)
     return archive, archive.with_name(archive.name + ".sha256")
 
 
@@ -137,20 +164,22 @@ def _reset_owner(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def _write_tar(folder: Path, fileobj) -> None:
+def _write_tar(folder: Path, fileobj, skip: Path | None = None) -> None:
     # gzip with mtime=0 and no filename: the header carries nothing that varies.
     with gzip.GzipFile(filename="", mode="wb", fileobj=fileobj, mtime=0, compresslevel=6) as gz:
         with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for path in sorted(folder.rglob("*")):
                 if path.is_symlink() or not (path.is_file() or path.is_dir()):
                     continue  # a checkpoint holds plain files; links could leak other paths
+                if skip is not None and (path == skip or path.is_relative_to(skip)):
+                    continue
                 tar.add(path, arcname=path.relative_to(folder).as_posix(),
                         recursive=False, filter=_reset_owner)
 
 
-def cached_archive(folder: Path) -> Archive | None:
+def cached_archive(folder: Path, variant: str | None = None) -> Archive | None:
     """The archive built for `folder`, or None when it (or its sha256 sidecar) is missing."""
-    archive, sidecar = archive_paths(folder)
+    archive, sidecar = archive_paths(folder, variant)
     try:
         sha = sidecar.read_text().strip()
         size = archive.stat().st_size
@@ -170,18 +199,20 @@ def _atomic_text(path: Path, text: str) -> None:
         raise
 
 
-def build_archive(folder: Path) -> Archive:
-    """Write `<folder>.tar.gz` and its sidecar (temp name + rename); FileNotFoundError when the
-    folder is gone. A failure (disk full) leaves neither a temp file nor a partial archive."""
+def build_archive(folder: Path, variant: str | None = None) -> Archive:
+    """Write `<folder>.tar.gz` (or `<folder>.merged.tar.gz`: merged/ alone) and its sidecar
+    (temp name + rename); FileNotFoundError when the folder (or merged/) is gone. A failure
+    (disk full) leaves neither a temp file nor a partial archive."""
     folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(folder)
-    archive, sidecar = archive_paths(folder)
+    source = folder / MERGED_DIR if variant == "merged" else folder
+    if not source.is_dir():
+        raise FileNotFoundError(source)
+    archive, sidecar = archive_paths(folder, variant)
     fd, tmp = tempfile.mkstemp(dir=folder.parent, prefix=f".{archive.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as raw:
             writer = _HashingWriter(raw)
-            _write_tar(folder, writer)
+            _write_tar(source, writer, skip=None if variant else folder / MERGED_DIR)
         # Sidecar first: an archive without its sidecar is rebuilt, never served unhashed.
         _atomic_text(sidecar, writer.sha.hexdigest() + "\n")
         os.replace(tmp, archive)

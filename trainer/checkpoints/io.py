@@ -10,6 +10,10 @@ Layout of `<out_dir>/checkpoints/step-00000012/`:
   trainer_state/rng.pt                torch / python / numpy RNG states
   trainer_state/ref.safetensors       the KL reference weights (only when they differ from the policy)
   manifest.json                       sha256 and size of every file above
+A LoRA job's checkpoint holds PEFT's adapter (adapter_config.json, adapter_model.safetensors)
+instead of config.json + model.safetensors, and merged/: an HF folder of the base with the
+adapter folded in (trainer.models.lora). trainer_state/ref.safetensors is then the reference
+adapter's snapshot.
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash
 never leaves a half-written `step-*` folder; `load_state` re-checks the manifest anyway.
 Names, manifest, digest and archive are defined once, torch-free, in `trainer.checkpoints.format`.
@@ -30,6 +34,7 @@ from safetensors.torch import load_file, save_file, save_model
 
 from trainer.checkpoints import format as ckpt_format
 from trainer.dist import collectives as distributed
+from trainer.models.lora import MERGED_DIR, is_lora, write_merged
 from trainer.checkpoints.format import CheckpointError, list_checkpoints, verify  # noqa: F401 - re-exported
 
 PREFIX = ckpt_format.PREFIX
@@ -71,6 +76,7 @@ def checkpoints_dir(out_dir: Path) -> Path:
 def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, ref_model) -> tuple[int, str]:
     """Every rank writes its shards; rank 0 the rest (other ranks return (0, ""))."""
     sharded = distributed.is_sharded(policy)
+    merged_bytes = 0
     save_ref = ref_model is not None and state.ref_step != state.step
     ref_state = _gather_sharded(ref_model) if save_ref and distributed.is_sharded(ref_model) else None
     if sharded:
@@ -79,8 +85,10 @@ def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, 
         if distributed.rank() != 0:
             return 0, ""
     else:
-        policy.save_pretrained(tmp, safe_serialization=True)
+        policy.save_pretrained(tmp, safe_serialization=True)  # LoRA: PEFT's adapter files
         tokenizer.save_pretrained(tmp)
+        if is_lora(policy):
+            merged_bytes = write_merged(policy, tokenizer, tmp / MERGED_DIR)
     ts = tmp / "trainer_state"
     ts.mkdir(exist_ok=True)
     (ts / "state.json").write_text(json.dumps(asdict(state), indent=1))
@@ -92,7 +100,8 @@ def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, 
         save_file(ref_state, str(ts / "ref.safetensors"))
     elif save_ref:
         save_model(ref_model, str(ts / "ref.safetensors"))  # handles tied embeddings
-    return ckpt_format.write_manifest(tmp)
+    nbytes, digest = ckpt_format.write_manifest(tmp)
+    return nbytes + merged_bytes, digest
 
 
 def _gather_sharded(model) -> dict:

@@ -179,6 +179,9 @@ def copy_weights(dst, src) -> None:
     Both sharded alike (FSDP2 over the same ranks): shard by shard, no gather."""
     from torch.distributed.tensor import DTensor
 
+    if hasattr(dst, "copy_weights_from"):  # a LoRA reference: the adapter's snapshot (models/lora.py)
+        dst.copy_weights_from(src)
+        return
     targets = dst.state_dict()
     for name, t in src.state_dict().items():
         target = targets[name]

@@ -17,7 +17,7 @@ __all__ = ["RolloutEngine", "WeightSyncError", "make_engine"]
 
 def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *,
                 dtype: str, seed: int, max_model_len: int, max_num_seqs: int,
-                kv_cache_gib: float | None = None) -> RolloutEngine:
+                kv_cache_gib: float | None = None, lora_rank: int | None = None) -> RolloutEngine:
     """An engine of `kind` ("vllm" | "hf") holding the weights of `model` (saved in `model_dir`).
 
     `dtype` may be "auto" (resolved like the trainer's: bf16 on CUDA, float32 on CPU); it must
@@ -25,6 +25,9 @@ def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *
     step's concurrency (see `vllm_engine.size_max_num_seqs`); the HF engine ignores it and
     bounds memory by tokens per chunk instead. The vLLM engine is verified against `model`
     right away, so a folder that does not hold `model`'s weights fails here, not mid-run.
+    `lora_rank` (a LoRA job: `model` is a PeftModel on the base in `model_dir`): vLLM serves
+    the adapter through its own LoRA support (`trainer/engines/vllm_lora.py`); the HF engine
+    runs the PeftModel itself.
     """
     from trainer.models.loading import resolve_dtype
 
@@ -43,6 +46,14 @@ def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *
     if kind == "vllm":
         from trainer.engines.vllm_engine import VLLMEngine, size_max_num_seqs
 
+        if lora_rank is not None:
+            from trainer.engines.vllm_lora import VLLMLoraEngine
+
+            engine = VLLMLoraEngine(model_dir, rank=lora_rank, dtype=dtype, seed=seed,
+                                    max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+                                    max_num_seqs=size_max_num_seqs(max_num_seqs))
+            engine.sync_weights(model)  # the current adapter (a resumed one is not zero)
+            return engine
         # Capped: vLLM queues the rest, and the KV cache is sized for max_num_seqs sequences.
         engine = VLLMEngine(model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
                             max_num_seqs=size_max_num_seqs(max_num_seqs), kv_cache_gib=kv_cache_gib)

