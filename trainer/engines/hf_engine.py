@@ -119,8 +119,10 @@ class HFEngine:
             ids[i, width - len(p):] = torch.tensor(p, device=device)
             mask[i, width - len(p):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        # Prefill the unique prompts once, then replicate their cache rows per sample.
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        # Prefill the unique prompts once, then replicate their cache rows per sample. Only the
+        # last position's logits are needed: logits_to_keep=1 skips a [P, width, V] projection.
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         logits_to_keep=1)
         rep = torch.repeat_interleave(torch.arange(len(prompts), device=device),
                                       torch.tensor(counts, device=device))
         cache = out.past_key_values

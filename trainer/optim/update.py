@@ -32,12 +32,12 @@ from torch.nn.utils.rnn import pad_sequence
 from trainer.dist import collectives as distributed
 from trainer.algo.losses import (
     KL_ESTIMATORS,
-    entropy_from_logits,
     is_ratio,
     is_weights,
     ppo_clip_terms,
     token_sum,
 )
+from trainer.optim.logprobs import Segment, token_entropy, token_logp
 from trainer.rollouts import Rollouts
 
 # Activation memory one micro-batch may use when `micro_batch_tokens: auto`. A fixed budget
@@ -149,9 +149,9 @@ def _pack(prompt_ids, response_ids, idx: list[int], device) -> dict:
     }
 
 
-def _response_logits(model, batch: dict, temperature: float,
-                     compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[b, R, V] float32 logits / temperature at the positions that predict response tokens."""
+def _response_logits(model, batch: dict, compute_dtype: torch.dtype = torch.float32) -> list[Segment]:
+    """The model's logits and, per sample, the positions in them that predict response tokens
+    (one segment; trainer/optim/logprobs.py slices it, so no [b, R, V] copy is made here)."""
     # logits_to_keep: only the tail from the shortest prompt on is projected to the vocab,
     # so long prompts do not cost a [L, V] logits tensor each.
     keep = batch["keep"]
@@ -159,10 +159,7 @@ def _response_logits(model, batch: dict, temperature: float,
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     position_ids=batch["position_ids"], logits_to_keep=keep, use_cache=False)
     L = batch["input_ids"].shape[1]
-    pos = batch["pred_pos"] - (L - keep)
-    V = out.logits.shape[-1]
-    logits = out.logits.gather(1, pos.clamp_min(0).unsqueeze(-1).expand(-1, -1, V))
-    return logits.float() / temperature
+    return [(out.logits, (batch["pred_pos"] - (L - keep)).clamp_min(0))]
 
 
 # ----------------------------------------------------------------------------- shared prefix
@@ -236,10 +233,11 @@ def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int,
     return chunks
 
 
-def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int], temperature: float,
-                          compute_dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
-    """[b, R, V] float32 logits / temperature predicting each response token, plus the batch's
-    targets / mask / rlens: one prompt pass per distinct prompt, one response pass."""
+def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int],
+                          compute_dtype: torch.dtype) -> tuple[list[Segment], dict]:
+    """Logits predicting each response token as two segments (the prompt's last position, then
+    the response pass), plus the batch's targets / mask / rlens: one prompt pass per distinct
+    prompt, one response pass."""
     device = next(model.parameters()).device
     slots: dict[tuple, int] = {}
     group = torch.tensor([slots.setdefault(tuple(prompt_ids[i]), len(slots)) for i in idx])
@@ -262,7 +260,7 @@ def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int], tempe
         out = model(input_ids=pad_sequence(prompts, batch_first=True).to(device),
                     attention_mask=pmask.to(device), position_ids=torch.arange(P).expand(G, P).to(device),
                     logits_to_keep=keep.to(device), use_cache=True)
-        parts = [out.logits[group.to(device), col[group].to(device)].unsqueeze(1)]
+        parts = [(out.logits[group.to(device), col[group].to(device)].unsqueeze(1), None)]
         if R > 1:
             cache = out.past_key_values
             cache.batch_select_indices(group.to(device))  # [G, ...] -> [b, ...]; grads sum back
@@ -272,9 +270,8 @@ def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int], tempe
             pos = plens[group].unsqueeze(1) + torch.arange(R - 1).unsqueeze(0)
             out2 = model(input_ids=resp[:, :R - 1].to(device), attention_mask=attn.to(device),
                          position_ids=pos.to(device), past_key_values=cache, use_cache=True)
-            parts.append(out2.logits)
-    logits = torch.cat(parts, 1)[:, :R]
-    return logits.float() / temperature, batch
+            parts.append((out2.logits, None))
+    return parts, batch
 
 
 def _chunks(model, prompt_ids, response_ids, max_tokens: int, shared: bool) -> tuple[list[list[int]], bool]:
@@ -285,18 +282,13 @@ def _chunks(model, prompt_ids, response_ids, max_tokens: int, shared: bool) -> t
     return micro_batches(lengths, max_tokens), False
 
 
-def _logits(model, prompt_ids, response_ids, idx: list[int], temperature: float,
-            compute_dtype: torch.dtype, shared: bool) -> tuple[torch.Tensor, dict]:
-    """Response logits and the batch (targets, mask, rlens) by either forward."""
+def _logits(model, prompt_ids, response_ids, idx: list[int], compute_dtype: torch.dtype,
+            shared: bool) -> tuple[list[Segment], dict]:
+    """Response logit segments and the batch (targets, mask, rlens) by either forward."""
     if shared:
-        return _shared_prefix_logits(model, prompt_ids, response_ids, idx, temperature, compute_dtype)
+        return _shared_prefix_logits(model, prompt_ids, response_ids, idx, compute_dtype)
     batch = _pack(prompt_ids, response_ids, idx, next(model.parameters()).device)
-    return _response_logits(model, batch, temperature, compute_dtype), batch
-
-
-def _token_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] without materialising the full log-softmax."""
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    return _response_logits(model, batch, compute_dtype), batch
 
 
 def _pad_rows(rows, idx: list[int], device) -> torch.Tensor:
@@ -322,9 +314,9 @@ def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_t
     chunks, shared = _chunks(model, prompt_ids, response_ids, max_tokens, shared_prefix)
     pad = distributed.pad_count(model, len(chunks))  # before any forward: it is a collective too
     for chunk in chunks:
-        logits, batch = _logits(model, prompt_ids, response_ids, chunk, temperature, compute_dtype, shared)
-        lp = _token_logp(logits, batch["targets"]).cpu()
-        ent = entropy_from_logits(logits).cpu() if with_entropy else None
+        logits, batch = _logits(model, prompt_ids, response_ids, chunk, compute_dtype, shared)
+        lp = token_logp(logits, batch["targets"], temperature).cpu()
+        ent = token_entropy(logits, temperature).cpu() if with_entropy else None
         for row, (i, n) in enumerate(zip(chunk, batch["rlens"])):
             logps[i] = lp[row, :n].clone()
             if with_entropy:
@@ -346,10 +338,9 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
     the gradient of the ratio, without a separate no-grad pass over the batch.
     """
     device = next(model.parameters()).device
-    logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.temperature,
-                            cfg.compute_dtype, shared)
+    logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.compute_dtype, shared)
     mask = batch["mask"]
-    logp = _token_logp(logits, batch["targets"])
+    logp = token_logp(logits, batch["targets"], cfg.temperature)
     old = logp.detach() if old_logp is None else _pad_rows(old_logp, idx, device)
     engine = _pad_rows(mb.engine_logprobs, idx, device)
     adv = mb.advantages[idx].to(device)
@@ -370,7 +361,7 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
             "pg_clipfrac_low": token_sum(clip_low.float(), mask).item(),
             "pg_clipfrac_high": token_sum(clip_high.float(), mask).item(),
             "kl": token_sum(kl.detach(), mask).item(),
-            "entropy": token_sum(entropy_from_logits(logits.detach()), mask).item(),
+            "entropy": token_sum(token_entropy(logits, cfg.temperature), mask).item(),
             "is_ratio_mean": token_sum(is_ratio(old, engine), mask).item(),
             "is_truncated_frac": token_sum(truncated.float(), mask).item(),
         }

@@ -1,0 +1,105 @@
+"""Token log-probs and entropies from the model's logits, a slice of the sequence at a time.
+
+Why: at a real vocabulary the logits dominate a long response's memory. A [b, R, V] float32
+tensor is 8.4 GB for an 8 k-token answer at a 256 k vocabulary, and the straightforward
+`logits.gather(...).float() / T` then `logsumexp` makes three or four such copies, plus two
+more for the entropy statistic and one per step of the backward. Here the model's own logits
+are the only full-size tensor in the forward (and their gradient the only one in the
+backward): the position gather, the float32 cast, the temperature division, the
+log-sum-exp and the softmax of the backward run on slices of `chunk` positions whose float32
+size stays under `LOGIT_CHUNK_BYTES`.
+
+`token_logp` is an autograd Function whose backward recomputes each slice's softmax from the
+saved logits and its log-sum-exp (a [b, R] tensor) instead of keeping the slices alive, and
+writes the slice's gradient straight into the logits' gradient. Same values and gradients as
+`log_softmax(logits[pos] / T)[target]` up to float rounding (tests/trainer/test_logprobs.py).
+
+Logits come as segments `(logits [b, K, V], pos [b, r] | None)`: `pos` picks, for each
+sample, the r positions of its dim 1 that predict its response tokens (None: all K, in
+order). The shared-prompt update has two segments (the prompt's last position, then the
+response pass), so the response logits are never concatenated into one tensor.
+"""
+from __future__ import annotations
+
+import torch
+
+# Float32 bytes of one slice of logits; a few such temporaries are alive at once.
+LOGIT_CHUNK_BYTES = 64 * 2**20
+
+Segment = tuple[torch.Tensor, "torch.Tensor | None"]
+
+
+def chunk_positions(rows: int, vocab: int, budget: int = LOGIT_CHUNK_BYTES) -> int:
+    """Positions per slice so that a [rows, chunk, vocab] float32 slice fits `budget` bytes."""
+    return max(1, budget // max(4 * rows * vocab, 1))
+
+
+def _slice(logits: torch.Tensor, pos: torch.Tensor | None, s: int, e: int, temperature: float) -> torch.Tensor:
+    """[b, e - s, V] float32 logits / T of response positions s .. e-1 (a fresh tensor)."""
+    if pos is None:
+        z = logits[:, s:e]
+    else:
+        z = logits.gather(1, pos[:, s:e, None].expand(-1, -1, logits.shape[-1]))
+    return z.float() / temperature
+
+
+class _TokenLogp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, pos, targets, temperature: float, chunk: int):
+        b, R = targets.shape
+        out = torch.empty(b, R, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(out)
+        for s in range(0, R, chunk):
+            e = min(s + chunk, R)
+            z = _slice(logits, pos, s, e, temperature)
+            lse[:, s:e] = torch.logsumexp(z, -1)
+            out[:, s:e] = z.gather(-1, targets[:, s:e, None]).squeeze(-1) - lse[:, s:e]
+        ctx.save_for_backward(logits, pos, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, pos, targets, lse = ctx.saved_tensors
+        T, chunk = ctx.temperature, ctx.chunk
+        grad = torch.zeros_like(logits)
+        R = targets.shape[1]
+        for s in range(0, R, chunk):
+            e = min(s + chunk, R)
+            g = grad_out[:, s:e, None].float()
+            # d logp[target] / dz = onehot(target) - softmax(z), z = logits / T.
+            dz = _slice(logits, pos, s, e, T).sub_(lse[:, s:e, None]).exp_().mul_(-g)
+            dz.scatter_add_(-1, targets[:, s:e, None], g).div_(T)
+            if pos is None:
+                grad[:, s:e] = dz
+            else:
+                grad.scatter_add_(1, pos[:, s:e, None].expand(-1, -1, dz.shape[-1]), dz.to(grad.dtype))
+        return grad, None, None, None, None
+
+
+def token_logp(segments: list[Segment], targets: torch.Tensor, temperature: float,
+               chunk: int | None = None) -> torch.Tensor:
+    """[b, R] float32 log softmax(logits / T)[target] over the segments, in order."""
+    parts, s = [], 0
+    for logits, pos in segments:
+        r = logits.shape[1] if pos is None else pos.shape[1]
+        c = chunk or chunk_positions(logits.shape[0], logits.shape[-1])
+        parts.append(_TokenLogp.apply(logits, pos, targets[:, s:s + r], temperature, c))
+        s += r
+    return torch.cat(parts, 1) if len(parts) != 1 else parts[0]
+
+
+@torch.no_grad()
+def token_entropy(segments: list[Segment], temperature: float, chunk: int | None = None) -> torch.Tensor:
+    """[b, R] float32 entropy of softmax(logits / T) per response position, slice by slice."""
+    from trainer.algo.losses import entropy_from_logits
+
+    parts = []
+    for logits, pos in segments:
+        r = logits.shape[1] if pos is None else pos.shape[1]
+        c = chunk or chunk_positions(logits.shape[0], logits.shape[-1])
+        parts += [entropy_from_logits(_slice(logits, pos, s, min(s + c, r), temperature))
+                  for s in range(0, r, c)]
+    if not parts:
+        return torch.zeros(segments[0][0].shape[0], 0, device=segments[0][0].device)
+    return torch.cat(parts, 1) if len(parts) != 1 else parts[0]
