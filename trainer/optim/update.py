@@ -8,7 +8,8 @@ equals the full mini-batch's gradient while only one micro-batch's activations a
 
 When prompts repeat (groups of N), a micro-batch runs each prompt once and its responses
 attend to the prompt's keys/values (`_shared_prefix_logits`); the budget then counts the
-tokens actually run (prompts once, responses padded to the chunk's longest). Otherwise:
+tokens actually run (prompts once, responses padded to the chunk's longest) plus each sample's
+copy of its prompt's keys/values (`prompt_copy_weight`). Otherwise:
 
 Sequences are prompt + response, right-padded with token 0 and an attention mask; with right
 padding real tokens never see padding under the causal mask, and position ids are simply
@@ -115,13 +116,35 @@ def auto_micro_batch_tokens(model, max_seq_len: int,
     The result is clamped to [max_seq_len, MAX_AUTO_TOKENS] (a sequence must always fit).
     """
     cfg = model.config
-    hidden = cfg.hidden_size
-    inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
-    layers = cfg.num_hidden_layers
     elem = next(model.parameters()).element_size()
-    per_token = cfg.vocab_size * 4 * 3 + layers * (16 * hidden + 3 * inter) * elem
+    per_token = cfg.vocab_size * 4 * 3 + cfg.num_hidden_layers * _layer_elems_per_token(cfg) * elem
     tokens = min(budget_bytes // per_token, MAX_AUTO_TOKENS)
     return max(int(tokens), int(max_seq_len))
+
+
+def _layer_elems_per_token(cfg) -> int:
+    """Activation elements one token keeps per layer for the backward (see above)."""
+    hidden = cfg.hidden_size
+    inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    return 16 * hidden + 3 * inter
+
+
+def prompt_copy_weight(model) -> float:
+    """What one prompt position costs each sample of the shared-prompt forward, in tokens.
+
+    The response pass gives every sample its own copy of the prompt's keys/values: the cache's
+    index-select over the group, its concatenation with the response's keys/values, and the
+    expansion to every query head that attention saves for the backward, per layer about
+    2 x (kv heads + query heads) x head_dim elements. Measured in tokens of activation
+    (`_layer_elems_per_token`), so the micro-batch budget can count it: ~0.1 for Qwen2
+    shapes, i.e. a 2,000-token prompt costs each of its samples ~200 tokens.
+    """
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return 2 * (kv + heads) * head_dim / _layer_elems_per_token(cfg)
 
 
 def _pack(prompt_ids, response_ids, idx: list[int], device) -> dict:
@@ -196,9 +219,11 @@ def attention_window(model) -> int | None:
 
 
 def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int,
-                         window: int | None = None) -> list[list[int]]:
-    """Sample indices in chunks for the shared-prefix forward, each computing at most
-    `max_tokens` tokens: distinct prompts x their longest + samples x the longest response.
+                         window: int | None = None, prompt_weight: float = 0.0) -> list[list[int]]:
+    """Sample indices in chunks for the shared-prefix forward, each holding at most
+    `max_tokens` tokens: distinct prompts x their longest + samples x (the longest response
+    + `prompt_weight` x the longest prompt). The last term is each sample's copy of the
+    prompt's keys/values (`prompt_copy_weight`), which a long prompt makes the largest part.
 
     Longest prompts first (similar lengths share a chunk), and within a group the longest
     responses first (little response padding). A group over the budget is split; each part
@@ -220,7 +245,7 @@ def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int,
     for key, members in sorted(groups.items(), key=lambda kv: -len(kv[0])):
         for i in sorted(members, key=lambda i: -len(response_ids[i])):
             p2, r2 = max(pmax, len(key)), max(rmax, len(response_ids[i]))
-            fits = (len(seen) + (key not in seen)) * p2 + (len(cur) + 1) * r2 <= max_tokens
+            fits = (len(seen) + (key not in seen)) * p2 + (len(cur) + 1) * (r2 + prompt_weight * p2) <= max_tokens
             local_ok = window is None or len(key) == pmax or p2 + r2 <= window
             if cur and not (fits and local_ok):
                 chunks.append(cur)
@@ -277,7 +302,8 @@ def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int],
 def _chunks(model, prompt_ids, response_ids, max_tokens: int, shared: bool) -> tuple[list[list[int]], bool]:
     """The micro-batches and whether they run through the shared-prefix forward."""
     if uses_shared_prefix(model, prompt_ids, shared):
-        return prefix_micro_batches(prompt_ids, response_ids, max_tokens, attention_window(model)), True
+        return prefix_micro_batches(prompt_ids, response_ids, max_tokens, attention_window(model),
+                                    prompt_copy_weight(model)), True
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
     return micro_batches(lengths, max_tokens), False
 
