@@ -172,17 +172,49 @@ def _pack(prompt_ids, response_ids, idx: list[int], device) -> dict:
     }
 
 
+# Model types whose causal-LM forward is exactly `lm_head(last hidden state)` (no logit
+# soft-capping or scaling after the head), so the head can be applied slice by slice outside.
+PLAIN_HEAD_MODELS = ("qwen2", "qwen3", "llama", "mistral")
+
+
+def _sliced_head(model) -> torch.Tensor | None:
+    """The LM head's weight when the log-probs can project hidden states to the vocabulary a
+    slice at a time (trainer/optim/logprobs.py); None: take the model's own logits."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if (getattr(model.config, "model_type", None) not in PLAIN_HEAD_MODELS or distributed.is_sharded(model)
+            or type(head) is not torch.nn.Linear or head.bias is not None):
+        return None
+    return head.weight
+
+
+@contextlib.contextmanager
+def _hidden_states_out(model, on: bool):
+    """With `on`, the model's forward returns its last hidden states in place of the logits
+    (the head is swapped for an identity and put back afterwards)."""
+    if not on:
+        yield
+        return
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(torch.nn.Identity())
+    try:
+        yield
+    finally:
+        model.set_output_embeddings(head)
+
+
 def _response_logits(model, batch: dict, compute_dtype: torch.dtype = torch.float32) -> list[Segment]:
-    """The model's logits and, per sample, the positions in them that predict response tokens
-    (one segment; trainer/optim/logprobs.py slices it, so no [b, R, V] copy is made here)."""
-    # logits_to_keep: only the tail from the shortest prompt on is projected to the vocab,
-    # so long prompts do not cost a [L, V] logits tensor each.
+    """The model's last hidden states (or logits, `_sliced_head`) and, per sample, the
+    positions in them that predict response tokens: one segment that trainer/optim/logprobs.py
+    projects and reduces a slice at a time, so no [b, R, V] tensor is made here."""
+    # logits_to_keep: only the tail from the shortest prompt on is kept (and, without a sliced
+    # head, projected to the vocab), so long prompts do not cost a [L, V] logits tensor each.
     keep = batch["keep"]
-    with autocast(batch["input_ids"].device, compute_dtype):
+    head = _sliced_head(model)
+    with autocast(batch["input_ids"].device, compute_dtype), _hidden_states_out(model, head is not None):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     position_ids=batch["position_ids"], logits_to_keep=keep, use_cache=False)
     L = batch["input_ids"].shape[1]
-    return [(out.logits, (batch["pred_pos"] - (L - keep)).clamp_min(0))]
+    return [(out.logits, (batch["pred_pos"] - (L - keep)).clamp_min(0), head)]
 
 
 # ----------------------------------------------------------------------------- shared prefix
@@ -260,9 +292,9 @@ def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int,
 
 def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int],
                           compute_dtype: torch.dtype) -> tuple[list[Segment], dict]:
-    """Logits predicting each response token as two segments (the prompt's last position, then
-    the response pass), plus the batch's targets / mask / rlens: one prompt pass per distinct
-    prompt, one response pass."""
+    """Hidden states (or logits) predicting each response token as two segments (the prompt's
+    last position, then the response pass), plus the batch's targets / mask / rlens: one
+    prompt pass per distinct prompt, one response pass."""
     device = next(model.parameters()).device
     slots: dict[tuple, int] = {}
     group = torch.tensor([slots.setdefault(tuple(prompt_ids[i]), len(slots)) for i in idx])
@@ -281,11 +313,12 @@ def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int],
     resp = resp.reshape(len(idx), R)
     mask = torch.arange(R).unsqueeze(0) < rlens.unsqueeze(1)
     batch = {"targets": torch.where(mask, resp, 0).to(device), "mask": mask.to(device), "rlens": rlens.tolist()}
-    with autocast(device, compute_dtype):
+    head = _sliced_head(model)
+    with autocast(device, compute_dtype), _hidden_states_out(model, head is not None):
         out = model(input_ids=pad_sequence(prompts, batch_first=True).to(device),
                     attention_mask=pmask.to(device), position_ids=torch.arange(P).expand(G, P).to(device),
                     logits_to_keep=keep.to(device), use_cache=True)
-        parts = [(out.logits[group.to(device), col[group].to(device)].unsqueeze(1), None)]
+        parts = [(out.logits[group.to(device), col[group].to(device)].unsqueeze(1), None, head)]
         if R > 1:
             cache = out.past_key_values
             cache.batch_select_indices(group.to(device))  # [G, ...] -> [b, ...]; grads sum back
@@ -295,7 +328,7 @@ def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int],
             pos = plens[group].unsqueeze(1) + torch.arange(R - 1).unsqueeze(0)
             out2 = model(input_ids=resp[:, :R - 1].to(device), attention_mask=attn.to(device),
                          position_ids=pos.to(device), past_key_values=cache, use_cache=True)
-            parts.append((out2.logits, None))
+            parts.append((out2.logits, None, head))
     return parts, batch
 
 
