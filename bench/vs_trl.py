@@ -484,7 +484,12 @@ def main() -> None:
         for engine in args.gen_engines:
             row.setdefault("gen", {})[engine] = launch("gen", {**cfg, "engine": engine}, args.timeout)
         for trainer in args.trainers:
-            res = launch(trainer, cfg, args.timeout, python=args.trl_python if trainer == "trl" else None)
+            try:  # one failed child must not lose the others' figures
+                res = launch(trainer, cfg, args.timeout, python=args.trl_python if trainer == "trl" else None)
+            except RuntimeError as err:
+                print(f"{trainer} on {shape} failed: {err}", file=sys.stderr)
+                row.setdefault("failed", {})[trainer] = str(err)[-2000:]
+                continue
             if res.get("profile"):
                 row["profile"] = res["profile"]
                 print(f"\nprofile of this project's update, {shape}:\n{res['profile']}")
