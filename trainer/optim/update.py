@@ -8,7 +8,8 @@ equals the full mini-batch's gradient while only one micro-batch's activations a
 
 When prompts repeat (groups of N), a micro-batch runs each prompt once and its responses
 attend to the prompt's keys/values (`_shared_prefix_logits`); the budget then counts the
-tokens actually run (prompts once, responses padded to the chunk's longest). Otherwise:
+tokens actually run (prompts once, responses padded to the chunk's longest) plus each sample's
+copy of its prompt's keys/values (`prompt_copy_weight`). Otherwise:
 
 Sequences are prompt + response, right-padded with token 0 and an attention mask; with right
 padding real tokens never see padding under the causal mask, and position ids are simply
@@ -32,12 +33,12 @@ from torch.nn.utils.rnn import pad_sequence
 from trainer.dist import collectives as distributed
 from trainer.algo.losses import (
     KL_ESTIMATORS,
-    entropy_from_logits,
     is_ratio,
     is_weights,
     ppo_clip_terms,
     token_sum,
 )
+from trainer.optim.logprobs import Segment, token_entropy, token_logp
 from trainer.rollouts import Rollouts
 
 # Activation memory one micro-batch may use when `micro_batch_tokens: auto`. A fixed budget
@@ -115,13 +116,35 @@ def auto_micro_batch_tokens(model, max_seq_len: int,
     The result is clamped to [max_seq_len, MAX_AUTO_TOKENS] (a sequence must always fit).
     """
     cfg = model.config
-    hidden = cfg.hidden_size
-    inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
-    layers = cfg.num_hidden_layers
     elem = next(model.parameters()).element_size()
-    per_token = cfg.vocab_size * 4 * 3 + layers * (16 * hidden + 3 * inter) * elem
+    per_token = cfg.vocab_size * 4 * 3 + cfg.num_hidden_layers * _layer_elems_per_token(cfg) * elem
     tokens = min(budget_bytes // per_token, MAX_AUTO_TOKENS)
     return max(int(tokens), int(max_seq_len))
+
+
+def _layer_elems_per_token(cfg) -> int:
+    """Activation elements one token keeps per layer for the backward (see above)."""
+    hidden = cfg.hidden_size
+    inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    return 16 * hidden + 3 * inter
+
+
+def prompt_copy_weight(model) -> float:
+    """What one prompt position costs each sample of the shared-prompt forward, in tokens.
+
+    The response pass gives every sample its own copy of the prompt's keys/values: the cache's
+    index-select over the group, its concatenation with the response's keys/values, and the
+    expansion to every query head that attention saves for the backward, per layer about
+    2 x (kv heads + query heads) x head_dim elements. Measured in tokens of activation
+    (`_layer_elems_per_token`), so the micro-batch budget can count it: ~0.1 for Qwen2
+    shapes, i.e. a 2,000-token prompt costs each of its samples ~200 tokens.
+    """
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return 2 * (kv + heads) * head_dim / _layer_elems_per_token(cfg)
 
 
 def _pack(prompt_ids, response_ids, idx: list[int], device) -> dict:
@@ -149,20 +172,49 @@ def _pack(prompt_ids, response_ids, idx: list[int], device) -> dict:
     }
 
 
-def _response_logits(model, batch: dict, temperature: float,
-                     compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[b, R, V] float32 logits / temperature at the positions that predict response tokens."""
-    # logits_to_keep: only the tail from the shortest prompt on is projected to the vocab,
-    # so long prompts do not cost a [L, V] logits tensor each.
+# Model types whose causal-LM forward is exactly `lm_head(last hidden state)` (no logit
+# soft-capping or scaling after the head), so the head can be applied slice by slice outside.
+PLAIN_HEAD_MODELS = ("qwen2", "qwen3", "llama", "mistral")
+
+
+def _sliced_head(model) -> torch.Tensor | None:
+    """The LM head's weight when the log-probs can project hidden states to the vocabulary a
+    slice at a time (trainer/optim/logprobs.py); None: take the model's own logits."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if (getattr(model.config, "model_type", None) not in PLAIN_HEAD_MODELS or distributed.is_sharded(model)
+            or type(head) is not torch.nn.Linear or head.bias is not None):
+        return None
+    return head.weight
+
+
+@contextlib.contextmanager
+def _hidden_states_out(model, on: bool):
+    """With `on`, the model's forward returns its last hidden states in place of the logits
+    (the head is swapped for an identity and put back afterwards)."""
+    if not on:
+        yield
+        return
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(torch.nn.Identity())
+    try:
+        yield
+    finally:
+        model.set_output_embeddings(head)
+
+
+def _response_logits(model, batch: dict, compute_dtype: torch.dtype = torch.float32) -> list[Segment]:
+    """The model's last hidden states (or logits, `_sliced_head`) and, per sample, the
+    positions in them that predict response tokens: one segment that trainer/optim/logprobs.py
+    projects and reduces a slice at a time, so no [b, R, V] tensor is made here."""
+    # logits_to_keep: only the tail from the shortest prompt on is kept (and, without a sliced
+    # head, projected to the vocab), so long prompts do not cost a [L, V] logits tensor each.
     keep = batch["keep"]
-    with autocast(batch["input_ids"].device, compute_dtype):
+    head = _sliced_head(model)
+    with autocast(batch["input_ids"].device, compute_dtype), _hidden_states_out(model, head is not None):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     position_ids=batch["position_ids"], logits_to_keep=keep, use_cache=False)
     L = batch["input_ids"].shape[1]
-    pos = batch["pred_pos"] - (L - keep)
-    V = out.logits.shape[-1]
-    logits = out.logits.gather(1, pos.clamp_min(0).unsqueeze(-1).expand(-1, -1, V))
-    return logits.float() / temperature
+    return [(out.logits, (batch["pred_pos"] - (L - keep)).clamp_min(0), head)]
 
 
 # ----------------------------------------------------------------------------- shared prefix
@@ -199,9 +251,11 @@ def attention_window(model) -> int | None:
 
 
 def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int,
-                         window: int | None = None) -> list[list[int]]:
-    """Sample indices in chunks for the shared-prefix forward, each computing at most
-    `max_tokens` tokens: distinct prompts x their longest + samples x the longest response.
+                         window: int | None = None, prompt_weight: float = 0.0) -> list[list[int]]:
+    """Sample indices in chunks for the shared-prefix forward, each holding at most
+    `max_tokens` tokens: distinct prompts x their longest + samples x (the longest response
+    + `prompt_weight` x the longest prompt). The last term is each sample's copy of the
+    prompt's keys/values (`prompt_copy_weight`), which a long prompt makes the largest part.
 
     Longest prompts first (similar lengths share a chunk), and within a group the longest
     responses first (little response padding). A group over the budget is split; each part
@@ -223,7 +277,7 @@ def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int,
     for key, members in sorted(groups.items(), key=lambda kv: -len(kv[0])):
         for i in sorted(members, key=lambda i: -len(response_ids[i])):
             p2, r2 = max(pmax, len(key)), max(rmax, len(response_ids[i]))
-            fits = (len(seen) + (key not in seen)) * p2 + (len(cur) + 1) * r2 <= max_tokens
+            fits = (len(seen) + (key not in seen)) * p2 + (len(cur) + 1) * (r2 + prompt_weight * p2) <= max_tokens
             local_ok = window is None or len(key) == pmax or p2 + r2 <= window
             if cur and not (fits and local_ok):
                 chunks.append(cur)
@@ -236,10 +290,11 @@ def prefix_micro_batches(prompt_ids, response_ids, max_tokens: int,
     return chunks
 
 
-def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int], temperature: float,
-                          compute_dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
-    """[b, R, V] float32 logits / temperature predicting each response token, plus the batch's
-    targets / mask / rlens: one prompt pass per distinct prompt, one response pass."""
+def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int],
+                          compute_dtype: torch.dtype) -> tuple[list[Segment], dict]:
+    """Hidden states (or logits) predicting each response token as two segments (the prompt's
+    last position, then the response pass), plus the batch's targets / mask / rlens: one
+    prompt pass per distinct prompt, one response pass."""
     device = next(model.parameters()).device
     slots: dict[tuple, int] = {}
     group = torch.tensor([slots.setdefault(tuple(prompt_ids[i]), len(slots)) for i in idx])
@@ -258,11 +313,12 @@ def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int], tempe
     resp = resp.reshape(len(idx), R)
     mask = torch.arange(R).unsqueeze(0) < rlens.unsqueeze(1)
     batch = {"targets": torch.where(mask, resp, 0).to(device), "mask": mask.to(device), "rlens": rlens.tolist()}
-    with autocast(device, compute_dtype):
+    head = _sliced_head(model)
+    with autocast(device, compute_dtype), _hidden_states_out(model, head is not None):
         out = model(input_ids=pad_sequence(prompts, batch_first=True).to(device),
                     attention_mask=pmask.to(device), position_ids=torch.arange(P).expand(G, P).to(device),
                     logits_to_keep=keep.to(device), use_cache=True)
-        parts = [out.logits[group.to(device), col[group].to(device)].unsqueeze(1)]
+        parts = [(out.logits[group.to(device), col[group].to(device)].unsqueeze(1), None, head)]
         if R > 1:
             cache = out.past_key_values
             cache.batch_select_indices(group.to(device))  # [G, ...] -> [b, ...]; grads sum back
@@ -272,31 +328,26 @@ def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int], tempe
             pos = plens[group].unsqueeze(1) + torch.arange(R - 1).unsqueeze(0)
             out2 = model(input_ids=resp[:, :R - 1].to(device), attention_mask=attn.to(device),
                          position_ids=pos.to(device), past_key_values=cache, use_cache=True)
-            parts.append(out2.logits)
-    logits = torch.cat(parts, 1)[:, :R]
-    return logits.float() / temperature, batch
+            parts.append((out2.logits, None, head))
+    return parts, batch
 
 
 def _chunks(model, prompt_ids, response_ids, max_tokens: int, shared: bool) -> tuple[list[list[int]], bool]:
     """The micro-batches and whether they run through the shared-prefix forward."""
     if uses_shared_prefix(model, prompt_ids, shared):
-        return prefix_micro_batches(prompt_ids, response_ids, max_tokens, attention_window(model)), True
+        return prefix_micro_batches(prompt_ids, response_ids, max_tokens, attention_window(model),
+                                    prompt_copy_weight(model)), True
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
     return micro_batches(lengths, max_tokens), False
 
 
-def _logits(model, prompt_ids, response_ids, idx: list[int], temperature: float,
-            compute_dtype: torch.dtype, shared: bool) -> tuple[torch.Tensor, dict]:
-    """Response logits and the batch (targets, mask, rlens) by either forward."""
+def _logits(model, prompt_ids, response_ids, idx: list[int], compute_dtype: torch.dtype,
+            shared: bool) -> tuple[list[Segment], dict]:
+    """Response logit segments and the batch (targets, mask, rlens) by either forward."""
     if shared:
-        return _shared_prefix_logits(model, prompt_ids, response_ids, idx, temperature, compute_dtype)
+        return _shared_prefix_logits(model, prompt_ids, response_ids, idx, compute_dtype)
     batch = _pack(prompt_ids, response_ids, idx, next(model.parameters()).device)
-    return _response_logits(model, batch, temperature, compute_dtype), batch
-
-
-def _token_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] without materialising the full log-softmax."""
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    return _response_logits(model, batch, compute_dtype), batch
 
 
 def _pad_rows(rows, idx: list[int], device) -> torch.Tensor:
@@ -322,9 +373,9 @@ def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_t
     chunks, shared = _chunks(model, prompt_ids, response_ids, max_tokens, shared_prefix)
     pad = distributed.pad_count(model, len(chunks))  # before any forward: it is a collective too
     for chunk in chunks:
-        logits, batch = _logits(model, prompt_ids, response_ids, chunk, temperature, compute_dtype, shared)
-        lp = _token_logp(logits, batch["targets"]).cpu()
-        ent = entropy_from_logits(logits).cpu() if with_entropy else None
+        logits, batch = _logits(model, prompt_ids, response_ids, chunk, compute_dtype, shared)
+        lp = token_logp(logits, batch["targets"], temperature).cpu()
+        ent = token_entropy(logits, temperature).cpu() if with_entropy else None
         for row, (i, n) in enumerate(zip(chunk, batch["rlens"])):
             logps[i] = lp[row, :n].clone()
             if with_entropy:
@@ -346,10 +397,9 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
     the gradient of the ratio, without a separate no-grad pass over the batch.
     """
     device = next(model.parameters()).device
-    logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.temperature,
-                            cfg.compute_dtype, shared)
+    logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.compute_dtype, shared)
     mask = batch["mask"]
-    logp = _token_logp(logits, batch["targets"])
+    logp = token_logp(logits, batch["targets"], cfg.temperature)
     old = logp.detach() if old_logp is None else _pad_rows(old_logp, idx, device)
     engine = _pad_rows(mb.engine_logprobs, idx, device)
     adv = mb.advantages[idx].to(device)
@@ -370,7 +420,7 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
             "pg_clipfrac_low": token_sum(clip_low.float(), mask).item(),
             "pg_clipfrac_high": token_sum(clip_high.float(), mask).item(),
             "kl": token_sum(kl.detach(), mask).item(),
-            "entropy": token_sum(entropy_from_logits(logits.detach()), mask).item(),
+            "entropy": token_sum(token_entropy(logits, cfg.temperature), mask).item(),
             "is_ratio_mean": token_sum(is_ratio(old, engine), mask).item(),
             "is_truncated_frac": token_sum(truncated.float(), mask).item(),
         }
