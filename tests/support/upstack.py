@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # tests/support/upstack.py -> the repository
 # Settings that would point the child at another data dir, database or broker.
 OUTSIDE_SETTINGS = ("BRORL_DATA_DIR", "BRORL_DATABASE_URL", "BRORL_BROKER_URL", "BRORL_ARTIFACT_DIR")
 
