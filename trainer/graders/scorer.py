@@ -17,7 +17,7 @@ from trainer.graders.batch import GradeResult, GraderRuntime
 from trainer.graders.models import MultiGrader, needs_sandbox, parse_grader
 from trainer.graders.sandbox.layer import require_layer
 from trainer.tasks.base import Example
-from trainer.tasks.scoring import CORRECT_EPS, REWARDS, ScoreResult
+from trainer.tasks.scoring import CORRECT_EPS, REWARDS, ScoreResult, truncated_flags
 
 
 def example_item(example: Example) -> dict[str, Any]:
@@ -48,10 +48,7 @@ class GraderScorer:
               truncated: Sequence[bool] | None = None) -> ScoreResult:
         start = time.perf_counter()
         n = len(completions)
-        truncated = [False] * n if truncated is None else list(truncated)
-        if not (len(examples) == n == len(truncated)):
-            raise ValueError(f"{n} completions, {len(examples)} examples, "
-                             f"{len(truncated)} truncated flags")
+        truncated = truncated_flags(completions, examples, truncated)
         todo = [i for i in range(n) if not truncated[i]]
         graded = self.runtime.grade(self.grader, [completions[i] for i in todo],
                                     [example_item(examples[i]) for i in todo])

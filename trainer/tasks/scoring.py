@@ -62,6 +62,16 @@ def default_workers() -> int:
     return min(4, os.cpu_count() or 1)
 
 
+def truncated_flags(completions: Sequence[str], examples: Sequence[Example],
+                    truncated: Sequence[bool] | None) -> list[bool]:
+    """The per-sample truncated flags (none: all False), after checking the three line up."""
+    n = len(completions)
+    flags = [False] * n if truncated is None else list(truncated)
+    if not (len(examples) == n == len(flags)):
+        raise ValueError(f"{n} completions, {len(examples)} examples, {len(flags)} truncated flags")
+    return flags
+
+
 class Scorer:
     """Scores completions of a task's examples; use as a context manager or call close().
 
@@ -131,9 +141,7 @@ class Scorer:
         """Rewards of `completions[i]` as answers to `examples[i]` (truncated ones skip the verifier)."""
         start = time.perf_counter()
         n = len(completions)
-        truncated = [False] * n if truncated is None else list(truncated)
-        if not (len(examples) == n == len(truncated)):
-            raise ValueError(f"{n} completions, {len(examples)} examples, {len(truncated)} truncated flags")
+        truncated = truncated_flags(completions, examples, truncated)
         todo = [i for i in range(n) if not truncated[i]]
         items = [(completions[i], examples[i].answer, examples[i].payload) for i in todo]
         results = self.score_each(items)
