@@ -17,6 +17,10 @@ that checkpoint, per seed, N = 16, 128 and 512 at equal samples per step (--samp
 1024: 64, 8 and 2 prompts, so the same lr under the sqrt rule) until each has generated --budget
 samples. Held-out pass@1/pass@k, keep rate, all-wrong fraction, samples and seconds per arm,
 mean and spread over seeds (bench/replicate.py's summary).
+`rule`: the probe recommendation (`brorl probe`'s code: trainer.probe + trainer.algo.recommend)
+checked on a plateau checkpoint: reuses <out>/<difficulty>/phase_a.json's checkpoint when it is
+still on disk, else reruns phase (a) only; `--difficulty demo` is the closed demo task of
+results.md section 4 (examples/demo.yaml, bench/replicate.py's plateau rule). Writes rule.json.
 `broaden`: a fourth arm from the same checkpoint that uses `rollout.broaden`: N = 16 at the
 arms' samples per step, widened x8 (same samples per step) once eval pass@1 stops rising.
 Writes bench/out/broadening/{theory.json, <difficulty>/summary.json, ..., map.png}.
@@ -89,6 +93,71 @@ def probe(args, spec_path: Path, checkpoint: str) -> dict:
                     env={"OMP_NUM_THREADS": str(args.threads)})
     print("plateau probe: " + ", ".join(f"pass@{k} {res[f'eval/pass@{k}']:.3f}" for k in ks), flush=True)
     return res
+
+
+def rule_child(cfg: dict) -> None:
+    """Child: the product's probe (`brorl probe`) of a checkpoint, recommended against `base`."""
+    import torch
+
+    from common import emit_result, make_spec
+    from trainer.probe import probe as run_probe
+    from trainer.probe_spec import ProbeSpec
+
+    torch.set_num_threads(cfg["threads"])
+    base = make_spec(load_base(cfg["spec"]), cfg["over"])
+    r = base.rollout
+    pspec = ProbeSpec.model_validate({
+        "model": base.model.model_dump(mode="json"), "task": base.task.model_dump(mode="json"),
+        "n": cfg["n"], "prompts": cfg["prompts"], "max_new_tokens": r.max_new_tokens,
+        "temperature": r.temperature, "top_p": r.top_p, "seed": base.seed, "engine": r.engine})
+    emit_result(run_probe(pspec, base, lambda: False, model_dir=Path(cfg["checkpoint"])))
+
+
+def rule(args) -> None:
+    """The rule's call on a regenerated plateau, next to the plateau's recorded probe."""
+    import replicate as rep
+    from common import run_child
+
+    out = args.out / args.difficulty
+    out.mkdir(parents=True, exist_ok=True)
+    if args.difficulty == "demo":
+        spec_path, base = rep.DEFAULT_SPEC, load_base(rep.DEFAULT_SPEC)
+        plateau = {"a_min_steps": 15, "a_patience": 3}   # results.md section 4's rule
+    else:
+        spec_path, base = out / "spec.json", load_base(BASE)
+        base["rollout"]["engine"] = "hf"
+        base["task"]["reasoning_gym"]["config"] = DIFFICULTY[args.difficulty]
+        base["eval"].update({"every": 5, "temperature": 1.0, "k": [1, 4, 16], "samples_per_prompt": 16})
+        base["task"]["reasoning_gym"]["eval_size"] = args.eval_size
+        spec_path.write_text(json.dumps(base))
+        plateau = {"a_min_steps": 10, "a_patience": 2}   # section 6c's rule
+    a_path = out / "phase_a.json"
+    a = json.loads(a_path.read_text()) if a_path.exists() else None
+    if a is None or not Path(a["checkpoint"]).exists():
+        ns = SimpleNamespace(spec=spec_path, threads=args.threads, timeout=args.timeout, out=out, n_small=16,
+                             a_prompts=32, a_max_steps=args.a_max_steps, a_eval_every=5, a_min_delta=0.02,
+                             **plateau)
+        a = rep.phase_a(ns, base)
+        a_path.write_text(json.dumps(a, indent=1))
+    # The recommendation's base: the continuations' N = 16 arm (64 prompts per step).
+    over = {"rollout": {"schedule": [{"n": 16, "prompts_per_step": 64, "steps": 4}]}}
+    cfg = {"spec": str(spec_path), "over": over, "checkpoint": a["checkpoint"], "n": args.probe_samples,
+           "prompts": args.eval_size, "threads": args.threads}
+    res = run_child([__file__, "--rule-child", json.dumps(cfg)], timeout=args.timeout,
+                    env={"OMP_NUM_THREADS": str(args.threads)})
+    rec = res.pop("recommendation")
+    keep = {k: res.get(k) for k in ("n", "prompts", "pass_at_k", "solvable_all_wrong", "never_solved",
+                                    "unsampled_mass", "truncated_frac", "response_len_mean", "seconds")}
+    doc = {"difficulty": args.difficulty, "plateau": {k: v for k, v in a.items() if k != "probe"},
+           "probe": keep, "per_prompt_correct": [p["correct"] for p in res["per_prompt"]],
+           "verdict": rec["verdict"], "reason": rec["reason"], "schedule": rec["schedule"],
+           "broaden_on_plateau": rec["broaden_on_plateau"]}
+    (out / "rule.json").write_text(json.dumps(doc, indent=1))
+    curve = res["pass_at_k"]
+    print(f"{args.difficulty}: plateau pass@1 " + " -> ".join(f"{e['eval/pass@1']:.3f}" for e in a["evals"])
+          + "; probe " + ", ".join(f"pass@{k} {curve[str(k)]['mean']:.3f}" for k in (1, 16, 64, 512)
+                                    if str(k) in curve)
+          + f"; S16 {res['solvable_all_wrong'].get('16')}; verdict {rec['verdict']}", flush=True)
 
 
 def measure(args) -> None:
@@ -211,12 +280,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     if len(sys.argv) == 3 and sys.argv[1] == "--probe-child":
         return probe_child(json.loads(sys.argv[2]))
-    ap.add_argument("what", choices=["theory", "measure", "broaden", "plot"])
+    if len(sys.argv) == 3 and sys.argv[1] == "--rule-child":
+        return rule_child(json.loads(sys.argv[2]))
+    ap.add_argument("what", choices=["theory", "measure", "broaden", "plot", "rule"])
     ap.add_argument("--out", type=Path, default=OUT / "broadening")
     ap.add_argument("--logits", type=lambda s: [float(x) for x in s.split(",")], default=[-2.0, 0.0, 1.5, 3.0])
     ap.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",")], default=[16, 128, 512])
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--difficulty", choices=list(DIFFICULTY), default="hard")
+    ap.add_argument("--difficulty", choices=[*DIFFICULTY, "demo"], default="hard")
     ap.add_argument("--arms", type=lambda s: [int(x) for x in s.split(",")], default=[16, 128, 512])
     ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     ap.add_argument("--budget", type=int, default=16384, help="generated samples per continuation")
@@ -231,7 +302,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=3600)
     args = ap.parse_args()
-    {"theory": theory, "measure": measure, "broaden": broaden_run, "plot": plot}[args.what](args)
+    {"theory": theory, "measure": measure, "broaden": broaden_run, "plot": plot, "rule": rule}[args.what](args)
 
 
 if __name__ == "__main__":
