@@ -1,10 +1,21 @@
 """The browser tests' jobs and helpers: the two tiny specs, an API client on the stack, polling."""
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from cli.client import BrorlClient
 from tests.support.upstack import Stack
+
+SHOTS = os.environ.get("BRORL_DASHBOARD_SCREENSHOTS")
+
+
+def shot(page, name: str, full_page: bool = False) -> None:
+    """Saves a screenshot when BRORL_DASHBOARD_SCREENSHOTS names a folder (for people to look at)."""
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SHOTS) / name), full_page=full_page)
 
 
 def tiny_spec(name: str, schedule: list[dict], *, checkpoint_every: int = 4) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 
@@ -19,19 +18,12 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.dashboard.helpers import SPEC_A, client, tiny_spec, wait_for
+from tests.dashboard.helpers import SHOTS, SPEC_A, client, shot, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
-SHOTS = os.environ.get("BRORL_DASHBOARD_SCREENSHOTS")
 CHART_IDS = ("reward", "eval", "schedule", "filter", "kl", "clip", "grad", "length",
              "throughput", "time", "memory")
-
-
-def _shot(page, name: str, full_page: bool = False) -> None:
-    if SHOTS:
-        Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(SHOTS) / name), full_page=full_page)
 
 
 def _points(page, chart: str) -> int:
@@ -113,6 +105,8 @@ def test_samples_table_shows_what_the_model_wrote_by_step_and_reward(stack, jobs
     expect(page.locator("#samples-note")).to_have_text(f"{len(high)} sample(s) at step 1")
     rewards = [float(t) for t in page.locator("#samples tbody tr td:nth-child(2)").all_inner_texts()]
     assert rewards == [r["reward"] for r in high] and all(r >= 0.5 for r in rewards)
+    page.locator("#samples").scroll_into_view_if_needed()
+    shot(page, "dashboard_samples.png")
 
 
 def test_list_shows_jobs_with_progress_and_filters(stack, jobs, page):
@@ -150,7 +144,7 @@ def test_compare_overlays_two_jobs_with_their_schedules(stack, jobs, page):
     assert "dash-a (N=4×4 → N=8×4)" in legend and "dash-b (N=8×4)" in legend
     page.check("input[name=xaxis][value=samples]")
     expect(page.locator("#compare-chart")).to_contain_text("generated samples")
-    _shot(page, "dashboard_compare.png")
+    shot(page, "dashboard_compare.png")
 
 
 def test_bad_spec_shows_the_error_next_to_its_field(stack, page):
@@ -219,5 +213,5 @@ def test_screenshot_of_a_running_job(stack, page):
         wait_for(lambda: float(page.get_attribute("#chart-reward", "data-xmax") or 0) >= 14, 120, "step 14")
         assert page.inner_text("#job-status") == "running"
         page.wait_for_timeout(500)  # the throttled redraw
-        _shot(page, "dashboard_job.png", full_page=True)  # every chart group
+        shot(page, "dashboard_job.png", full_page=True)  # every chart group
         c._json("POST", f"/v1/jobs/{job_id}/cancel")

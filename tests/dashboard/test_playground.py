@@ -31,6 +31,8 @@ def test_playground_shows_reward_sub_rewards_and_errors(stack, page):
     assert page.get_attribute("[data-key=right] > td[data-reward]", "data-reward") == "1"
     assert page.get_attribute("[data-key=tagged] > td[data-reward]", "data-reward") == "1"
     expect(page.locator("#pg-errors")).to_have_text("no errors")
+    from tests.dashboard.helpers import shot
+    shot(page, "dashboard_playground.png", full_page=True)
 
     # A wrong answer: the python sub-grader scores 0, the format check still 1.
     page.fill("#pg-sample", "<answer>6</answer>")

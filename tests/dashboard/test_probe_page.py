@@ -13,7 +13,7 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
-from tests.dashboard.helpers import client, wait_for
+from tests.dashboard.helpers import client, shot, wait_for
 from tests.support.tinyprebuild import prebuild
 from tests.support.upstack import Stack, running_stack
 from trainer.spec import JobSpec
@@ -76,6 +76,7 @@ def test_probe_page_draws_the_curve_and_hands_over_the_recommendation(stack, job
         assert page.get_attribute(f"#chart-{chart}", "data-points") == points
         assert page.locator(f"#chart-{chart} canvas").count() == 1
     assert page.locator("#figures tr").count() >= 8
+    shot(page, "dashboard_probe.png", full_page=True)
     page.click("#use-recommendation")
     page.wait_for_url("**/submit")
     spec = yaml.safe_load(page.input_value("#spec-text"))
