@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import OUT, REPO, emit_result, print_table, run_child  # noqa: E402
+from common import OUT, REPO, emit_result, peak_rss_mb, print_table, run_child  # noqa: E402
 
 
 def _threads(n: int) -> None:
@@ -148,7 +149,8 @@ def child_update(cfg: dict) -> None:
                  "delta_abs_sum": float(sum(d.abs().sum() for d in delta)),
                  "delta_sum": float(sum(d.sum() for d in delta)),
                  "samples": len(batch), "response_len_mean": sum(map(len, batch.response_ids)) / len(batch),
-                 "threads": torch.get_num_threads()})
+                 "threads": torch.get_num_threads(), "peak_rss_mb": peak_rss_mb(),
+                 "malloc_env": {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}})
 
 
 def main() -> None:
@@ -186,7 +188,7 @@ def main() -> None:
                         args.timeout, env={"OMP_NUM_THREADS": str(args.threads)})
         rows.append(res)
     cols = ["root", "update_s_median", "update_s_min", "micro_batches", "positions_run", "positions_real",
-            "padding_share", "loss", "grad_norm", "delta_abs_sum"]
+            "padding_share", "loss", "grad_norm", "delta_abs_sum", "peak_rss_mb"]
     print_table(rows, cols, digits=6)
     (args.out / f"update_padding_{args.label}.json").write_text(json.dumps(rows, indent=1))
 
