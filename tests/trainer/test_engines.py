@@ -183,6 +183,36 @@ def test_hf_dropping_finished_rows_keeps_the_samples(tiny):
     assert max(gens[False, "rows"]) < 72
 
 
+def test_hf_preallocated_cache_keeps_the_samples(tiny):
+    """The decode writes into a cache allocated once per chunk (no per-step concatenation):
+    with prompts of different lengths (left padding), finished rows dropped and a KV budget
+    that splits the prompts into chunks, the tokens drawn and their log-probs are those of
+    HF's own growing cache."""
+    from trainer.engines.hf_engine import _Preallocated
+
+    model = tiny[0]
+    kinds: set[str] = set()
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: kinds.update(type(layer).__name__ for layer in kw["past_key_values"].layers)
+        if kw.get("past_key_values") is not None else None, with_kwargs=True)
+    sampling = SamplingConfig(n=24, max_new_tokens=40, temperature=1.2, seed=11)
+    gens, seen = {}, {}
+    try:
+        for pre in (False, True):
+            engine = HFEngine(model, EOS, preallocate=pre, max_kv_bytes=4_000_000)
+            engine.eos_ids = list(range(10))  # responses of all lengths, rows dropped on the way
+            kinds.clear()
+            gens[pre] = engine.generate(PROMPTS, sampling)
+            seen[pre] = set(kinds)
+    finally:
+        hook.remove()
+    assert seen[True] == {_Preallocated.__name__} and _Preallocated.__name__ not in seen[False]
+    assert gens[True].token_ids == gens[False].token_ids and gens[True].finished == gens[False].finished
+    assert len({len(t) for t in gens[False].token_ids}) > 5
+    for a, b in zip(gens[False].logprobs, gens[True].logprobs):
+        torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-6, atol=1e-6)
+
+
 def test_hf_eos_and_determinism(tiny):
     engine = HFEngine(tiny[0], EOS)
     a = engine.generate(PROMPTS, SamplingConfig(n=16, max_new_tokens=40, seed=9))
