@@ -609,7 +609,8 @@ class JobSpec(_Frozen):
 
     @model_validator(mode="after")
     def _ranks_use_plain_adamw(self) -> "JobSpec":
-        if self.resources.gpus_per_node > 1 and self.optim.optimizer_state != "fp32":
+        # (A LoRA job is not sharded; its own rule below refuses these states on any count.)
+        if self.resources.gpus_per_node > 1 and self.optim.optimizer_state != "fp32" and self.model.lora is None:
             raise FieldError("optim.optimizer_state",
                              f"{self.optim.optimizer_state} is not supported on many ranks "
                              f"(resources.gpus_per_node {self.resources.gpus_per_node}): FSDP2 shards the "

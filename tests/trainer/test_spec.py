@@ -108,10 +108,13 @@ def test_resources_defaults_bounds_and_one_node():
 def test_lora_runs_on_many_ranks_and_keeps_its_true_refusals():
     s = make(model={"lora": {"rank": 8}}, resources={"gpus_per_node": 2})
     assert s.model.lora.rank == 8 and s.resources.gpus_per_node == 2
-    # An adapter's AdamW state is float32 on any rank count; on ranks the rule of many ranks names it.
-    assert field_of({"name": "t", "task": RG, "model": {"lora": {}},
-                     "optim": {"optimizer_state": "8bit"}}) == ["model.lora"]
-    assert field_of({"name": "t", "task": RG, "model": {"lora": {}}, "optim": {"optimizer_state": "8bit"},
+    # An adapter's AdamW state is float32 on any rank count (the LoRA rule says so, not FSDP2's).
+    for gpus in (1, 2):
+        with pytest.raises(ValidationError) as exc:
+            make(model={"lora": {}}, optim={"optimizer_state": "8bit"}, resources={"gpus_per_node": gpus})
+        [err] = spec_errors(exc.value)
+        assert err["field"] == "model.lora" and "use fp32" in err["message"] and "FSDP2" not in err["message"]
+    assert field_of({"name": "t", "task": RG, "optim": {"optimizer_state": "8bit"},
                      "resources": {"gpus_per_node": 2}}) == ["optim.optimizer_state"]
     assert field_of({"name": "t", "task": RG, "model": {"lora": {"rank": 1024}}, "rollout": {"engine": "vllm"},
                      "resources": {"gpus_per_node": 2}}) == ["model.lora.rank"]
