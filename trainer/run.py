@@ -184,7 +184,8 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
 def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
               stop_check: Callable[[], None] = never) -> Run:
     """Everything the loop needs. On torchrun's ranks (trainer/dist/launch.py joined the process
-    group first) the policy is sharded with FSDP2 and each rank's engine holds a whole copy."""
+    group first) the policy is sharded with FSDP2 and each rank's engine holds a whole copy;
+    a LoRA policy is replicated instead (each rank holds the base and the adapter)."""
     torch.manual_seed(spec.seed)
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
     fix_mmap_threshold()  # freed tensors leave the RSS (trainer/malloc.py)
@@ -210,7 +211,12 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
         # on many ranks it is sharded like the policy (each rank holds 1 / ranks of it).
         ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
     engine_model = policy
-    if distributed.active():
+    if distributed.active() and spec.model.lora is not None:
+        # LoRA on ranks: the frozen base is replicated, not sharded (every rank loaded it
+        # whole); the adapter starts as rank 0's, and its gradients are all-reduced in the
+        # update (trainer/dist/collectives.py). Engines and reference are as in one process.
+        distributed.replicate_from_rank0(trainable_parameters(policy))
+    elif distributed.active():
         # The HF engine generates with a whole float32 copy, refreshed from the gathered
         # weights; vLLM holds its own and is verified against the sharded policy (no copy).
         kind = spec.rollout.engine if spec.rollout.engine != "auto" else default_engine(device)

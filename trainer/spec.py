@@ -134,7 +134,8 @@ class ModelSpec(_Frozen):
         "base: the KL reference is the base with the adapter off (no second copy), checkpoints "
         "hold the adapter in PEFT's format, and start from about 10x the full fine-tuning "
         "optim.lr. vLLM serves the adapter with its own LoRA support (each step sends only the "
-        "adapter). Needs resources.gpus_per_node 1 and optim.optimizer_state fp32.")
+        "adapter). On many ranks (resources.gpus_per_node) every rank holds the whole base and "
+        "the adapter's gradients are all-reduced. Needs optim.optimizer_state fp32.")
 
     @model_validator(mode="after")
     def _tiny_has_targets(self) -> "ModelSpec":
@@ -531,7 +532,8 @@ class ResourcesSpec(_Frozen):
     """What one job runs on: `gpus_per_node` trainer processes (ranks) on each of `nodes` nodes.
 
     gpus_per_node > 1 runs the job under torchrun on that many ranks of one node, the policy
-    sharded with FSDP2 (on a CPU worker each rank is one process, gloo); multi-node is designed
+    sharded with FSDP2 (a LoRA job: the base replicated on every rank, the adapter's gradients
+    all-reduced; on a CPU worker each rank is one process, gloo); multi-node is designed
     (README, Many GPUs) but does not run yet, so nodes > 1 is refused at submission.
     """
 
@@ -607,7 +609,8 @@ class JobSpec(_Frozen):
 
     @model_validator(mode="after")
     def _ranks_use_plain_adamw(self) -> "JobSpec":
-        if self.resources.gpus_per_node > 1 and self.optim.optimizer_state != "fp32":
+        # (A LoRA job is not sharded; its own rule below refuses these states on any count.)
+        if self.resources.gpus_per_node > 1 and self.optim.optimizer_state != "fp32" and self.model.lora is None:
             raise FieldError("optim.optimizer_state",
                              f"{self.optim.optimizer_state} is not supported on many ranks "
                              f"(resources.gpus_per_node {self.resources.gpus_per_node}): FSDP2 shards the "
@@ -619,9 +622,6 @@ class JobSpec(_Frozen):
         # What LoRA does not run with yet is refused, never trained some other way.
         if self.model.lora is None:
             return self
-        if self.resources.gpus_per_node > 1:
-            raise FieldError("model.lora", f"LoRA runs on one rank only for now (resources.gpus_per_node "
-                             f"{self.resources.gpus_per_node}): use gpus_per_node 1 or full fine-tuning")
         if self.rollout.engine != "hf" and self.model.lora.rank > MAX_VLLM_LORA_RANK:
             raise FieldError("model.lora.rank", f"{self.model.lora.rank} exceeds vLLM's largest LoRA "
                              f"rank ({MAX_VLLM_LORA_RANK}); use rollout.engine hf or a smaller rank")

@@ -47,8 +47,6 @@ CASES = {
                     "greater than or equal to 1"),
     "LoRA module builtin:tiny lacks": (make_spec(model={"lora": {"target_modules": ["q_proj", "c_attn"]}}),
                                        "model.lora.target_modules", "['c_attn'] are not linear layers"),
-    "LoRA on many ranks": (make_spec(model={"lora": {}}, resources={"gpus_per_node": 2}),
-                           "model.lora", "one rank only"),
     "LoRA rank vLLM cannot serve": (make_spec(model={"lora": {"rank": 1024}}, rollout={"schedule": [STAGE], "engine": "vllm"}),
                                     "model.lora.rank", "exceeds vLLM's largest"),
     "LoRA with an offloaded optimizer": (make_spec(model={"lora": {}}, optim={"optimizer_state": "cpu_offload"}),

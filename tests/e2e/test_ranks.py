@@ -1,7 +1,8 @@
 """A job on 2 ranks through the whole service: `brorl up` with BRORL_GPU_COUNTS=1,2,
 the real trainer, torchrun and gloo on the CPU. The job succeeds with every metric step once
-and a checkpoint that downloads and loads; SIGKILL of one rank fails that attempt as a machine
-fault and the next attempt resumes from the checkpoint to success."""
+and a checkpoint that downloads and loads (a LoRA job too: its adapter and merged folder);
+SIGKILL of one rank fails that attempt as a machine fault and the next attempt resumes from
+the checkpoint to success."""
 from __future__ import annotations
 
 import os
@@ -65,6 +66,28 @@ def test_two_rank_job_succeeds_and_its_checkpoint_loads(client: BrorlClient, sta
     assert _steps(client, job["id"]) == [0, 1, 2, 3, 4]  # rank 0's rows, each step once
     dest = client.download(job["id"], 4, tmp_path / "ckpt")
     AutoModelForCausalLM.from_pretrained(dest)
+
+
+def test_two_rank_lora_job_succeeds_and_its_adapter_downloads(client: BrorlClient, stack: Stack, tmp_path: Path):
+    """The same job with an adapter: the base replicated on the ranks, rank 0's checkpoint is
+    PEFT's adapter (the default download) and a merged folder."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from trainer.run import cache_dir, tiny_model_key
+
+    body = {**spec(2), "name": "two-ranks-lora", "model": {"lora": {"rank": 8, "alpha": 16}}, "optim": {"lr": 1e-3}}
+    job = client.submit(body)
+    done = _final(client, job["id"], stack)
+    assert done["status"] == "succeeded", (done, stack.output()[-6000:])
+    assert _steps(client, job["id"]) == [0, 1, 2]  # rank 0's rows, each step once
+    listed = client.list_checkpoints(job["id"])["data"]
+    assert [c["step"] for c in listed] == [2] and listed[0]["kind"] == "lora"
+    adapter = client.download(job["id"], 2, tmp_path / "adapter")
+    assert (adapter / "adapter_model.safetensors").is_file() and not (adapter / "model.safetensors").exists()
+    base_dir = cache_dir() / "models" / f"tiny-{tiny_model_key(JobSpec.model_validate(body))}"
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), adapter)
+    AutoModelForCausalLM.from_pretrained(client.download(job["id"], 2, tmp_path / "merged", merged=True))
 
 
 def _rank_pids(job_id: str) -> list[int]:

@@ -1,6 +1,7 @@
 """The whole loop on 2 ranks under torchrun (gloo, builtin:tiny): `train` with gpus_per_node 2
 relays rank 0's figures once, stops at a step boundary, and its checkpoints resume in 1
-process and back; a fenced job's ranks die at once; `brorl train --nproc 2` stops on Ctrl-C."""
+process and back (full fine-tuning and LoRA); a fenced job's ranks die at once; `brorl train
+--nproc 2` stops on Ctrl-C."""
 from __future__ import annotations
 
 import os
@@ -31,8 +32,12 @@ SPEC = {
 }
 
 
-def spec(gpus: int) -> JobSpec:
-    return JobSpec.model_validate({**SPEC, "resources": {"gpus_per_node": gpus}})
+# The LoRA variant: the same job with an adapter (its lr about 10x full fine-tuning's).
+LORA = {"model": {"lora": {"rank": 8, "alpha": 16}}, "optim": {"lr": 1e-3}}
+
+
+def spec(gpus: int, lora: bool = False) -> JobSpec:
+    return JobSpec.model_validate({**SPEC, **(LORA if lora else {}), "resources": {"gpus_per_node": gpus}})
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,7 +45,7 @@ def tiny_model():
     prebuild(spec(1))
 
 
-def run(gpus, out, stop_after=None, resume=None, fence_after=None):
+def run(gpus, out, stop_after=None, resume=None, fence_after=None, lora=False):
     from trainer import train
 
     sink = ListSink()
@@ -51,7 +56,7 @@ def run(gpus, out, stop_after=None, resume=None, fence_after=None):
             raise Fenced("job", 1)
         return stop_after is not None and last >= stop_after
 
-    return sink, train(spec(gpus), sink, should_stop, resume=resume, out_dir=out)
+    return sink, train(spec(gpus, lora), sink, should_stop, resume=resume, out_dir=out)
 
 
 def _steps(sink):
@@ -81,6 +86,34 @@ def test_two_ranks_resume_in_one_process_and_back(tmp_path):
     sink, res = run(2, tmp_path / "c", resume=res.last_checkpoint)  # 1 process -> 2 ranks
     assert _steps(sink) == list(range(s + 2, 7)) and not res.stopped and res.steps_completed == 6
     assert res.last_eval is not None and [c[0] for c in sink.checkpoints] == [x for x in range(s + 2, 7) if x % 2 == 0]
+
+
+def test_lora_job_on_two_ranks_resumes_in_one_process_and_back(tmp_path):
+    """LoRA on 2 ranks: the base replicated, the adapter's gradients all-reduced; rank 0 writes
+    the one-process checkpoint (PEFT's adapter, merged/, optimizer.pt), which resumes on
+    1 rank and again on 2."""
+    from safetensors.torch import load_file
+
+    sink, res = run(2, tmp_path / "a", stop_after=2, lora=True)
+    s = res.steps_completed
+    assert res.stopped and 2 <= s <= 4, s
+    assert _steps(sink) == list(range(s + 1))  # each step once
+    assert sink.steps[1]["samples"] >= 4 * 8  # all ranks' samples (each rank generates half)
+    assert any(r["loss"] is not None and r["kl"] > 0 for r in sink.steps[1:])  # the base is the reference
+    ckpt = res.last_checkpoint
+    names = {p.name for p in ckpt.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "merged", "trainer_state"} <= names
+    assert "model.safetensors" not in names
+    assert (ckpt / "trainer_state" / "optimizer.pt").is_file() and not (ckpt / "trainer_state" / "dcp").exists()
+    adapter = load_file(str(ckpt / "adapter_model.safetensors"))
+    assert any(bool(v.abs().sum() > 0) for k, v in adapter.items() if "lora_B" in k)  # the adapter learned
+
+    sink, res = run(1, tmp_path / "b", stop_after=s + 1, resume=ckpt, lora=True)  # 2 ranks -> 1 process
+    assert _steps(sink) == [s + 1] and res.last_checkpoint.name.endswith(str(s + 1))
+
+    sink, res = run(2, tmp_path / "c", resume=res.last_checkpoint, lora=True)  # 1 process -> 2 ranks
+    assert _steps(sink) == list(range(s + 2, 7)) and not res.stopped and res.steps_completed == 6
+    assert res.last_eval is not None and (res.last_checkpoint / "adapter_model.safetensors").is_file()
 
 
 def _ranks_alive(control: Path) -> list[int]:

@@ -103,3 +103,18 @@ def test_resources_defaults_bounds_and_one_node():
         make(resources={"nodes": 2})
     [err] = spec_errors(exc.value)
     assert err["field"] == "resources.nodes" and "multi-node is not yet supported" in err["message"]
+
+
+def test_lora_runs_on_many_ranks_and_keeps_its_true_refusals():
+    s = make(model={"lora": {"rank": 8}}, resources={"gpus_per_node": 2})
+    assert s.model.lora.rank == 8 and s.resources.gpus_per_node == 2
+    # An adapter's AdamW state is float32 on any rank count (the LoRA rule says so, not FSDP2's).
+    for gpus in (1, 2):
+        with pytest.raises(ValidationError) as exc:
+            make(model={"lora": {}}, optim={"optimizer_state": "8bit"}, resources={"gpus_per_node": gpus})
+        [err] = spec_errors(exc.value)
+        assert err["field"] == "model.lora" and "use fp32" in err["message"] and "FSDP2" not in err["message"]
+    assert field_of({"name": "t", "task": RG, "optim": {"optimizer_state": "8bit"},
+                     "resources": {"gpus_per_node": 2}}) == ["optim.optimizer_state"]
+    assert field_of({"name": "t", "task": RG, "model": {"lora": {"rank": 1024}}, "rollout": {"engine": "vllm"},
+                     "resources": {"gpus_per_node": 2}}) == ["model.lora.rank"]

@@ -13,7 +13,8 @@ Layout of `<out_dir>/checkpoints/step-00000012/`:
 A LoRA job's checkpoint holds PEFT's adapter (adapter_config.json, adapter_model.safetensors)
 instead of config.json + model.safetensors, and merged/: an HF folder of the base with the
 adapter folded in (trainer.models.lora). trainer_state/ref.safetensors is then the reference
-adapter's snapshot.
+adapter's snapshot. On many ranks a LoRA job is replicated, not sharded: rank 0 writes the
+same one-process folder (optimizer.pt, no dcp/), which resumes on any rank count.
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash
 never leaves a half-written `step-*` folder; `load_state` re-checks the manifest anyway.
 Names, manifest, digest and archive are defined once, torch-free, in `trainer.checkpoints.format`.
@@ -85,6 +86,8 @@ def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, 
         if distributed.rank() != 0:
             return 0, ""
     else:
+        if distributed.rank() != 0:  # replicated on ranks (LoRA): rank 0's copy is everyone's
+            return 0, ""
         policy.save_pretrained(tmp, safe_serialization=True)  # LoRA: PEFT's adapter files
         tokenizer.save_pretrained(tmp)
         if is_lora(policy):

@@ -14,6 +14,12 @@ What makes N ranks equal one process on the same batch (tests/trainer/test_distr
   number of forwards: a rank with fewer micro-batches runs zero-weight `dummy_pass`es;
 - gradients are reduce-scattered once per mini-batch, in every rank's last backward
   (`gradient_sync`), not after each micro-batch.
+A LoRA job (`model.lora`) is not sharded: every rank holds the whole frozen base and the same
+adapter (`replicate_from_rank0` at the start), and the adapter's gradients are SUM all-reduced
+once per mini-batch, after every rank's last backward (`all_reduce_replicated_grads`): the
+same sum over ranks as FSDP's reduce-scatter above, so AdamW sees the one-process gradient and
+its state stays identical on every rank. No collective runs per forward, so the ranks need no
+dummy passes and keep the shared-prefix forward.
 """
 from __future__ import annotations
 
@@ -234,6 +240,35 @@ def gradient_sync(model, last: bool) -> None:
     (4 bytes/param) until that last backward (docs/results.md, multi-rank figures)."""
     if active() and is_sharded(model):
         model.set_requires_gradient_sync(last)
+
+
+@torch.no_grad()
+def replicate_from_rank0(tensors) -> None:
+    """Rank 0's values of `tensors` (e.g. a LoRA adapter) on every rank, in place."""
+    if not active():
+        return
+    for t in tensors:
+        dist.broadcast(t.data, src=0)
+
+
+@torch.no_grad()
+def all_reduce_replicated_grads(model) -> None:
+    """A replicated (not sharded) model on ranks: the SUM over ranks of its trainable
+    parameters' gradients, in one all-reduce of one flat buffer (a parameter that no backward
+    of this rank reached counts as zero). Nothing in one process or for a sharded model, whose
+    FSDP reduce-scatter does this in its last backward (`gradient_sync`)."""
+    if not active() or is_sharded(model):
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p)
+        offset += n
 
 
 def pad_count(model, n_chunks: int) -> int:

@@ -778,6 +778,7 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     for i in range(len(chunks), last + 1):
         distributed.gradient_sync(model, i == last)
         distributed.dummy_pass(model, backward=True)
+    distributed.all_reduce_replicated_grads(model)  # LoRA on ranks: the adapter's gradients
     if distributed.active():
         totals = dict(zip(STAT_KEYS, distributed.all_sum_floats([totals[k] for k in STAT_KEYS])))
 
