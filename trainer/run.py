@@ -181,6 +181,59 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=special)["input_ids"] for t in texts]
 
 
+@dataclass
+class _Models:
+    policy: torch.nn.Module
+    tokenizer: object
+    ref: torch.nn.Module | None
+    engine_model: torch.nn.Module  # what the HF engine generates with (the policy, or a whole copy on ranks)
+    source: Path                   # the folder the engine loads from
+
+
+def _load_models(spec: JobSpec, model_dir: Path, resume: Path | None, device, cdtype) -> _Models:
+    """The policy, the KL reference and the engine's model, placed on this process's ranks."""
+    if spec.model.lora is not None:  # the base from model_dir, the adapter from the checkpoint
+        policy, tokenizer, ref = load_lora_policy(spec, model_dir, resume, device)
+        models = _Models(policy, tokenizer, ref, policy, model_dir)
+    else:
+        source = Path(resume) if resume else model_dir
+        policy, tokenizer = load_policy(source, spec.model.dtype, device,
+                                        gradient_checkpointing=spec.model.gradient_checkpointing)
+        # The reference is never trained: it may live in the compute dtype (half the memory);
+        # on many ranks it is sharded like the policy (each rank holds 1 / ranks of it).
+        ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False) if spec.algo.kl_coef > 0 else None
+        models = _Models(policy, tokenizer, ref, policy, source)
+    if distributed.active() and spec.model.lora is not None:
+        # LoRA on ranks: the frozen base is replicated, not sharded (every rank loaded it
+        # whole); the adapter starts as rank 0's, and its gradients are all-reduced in the
+        # update (trainer/dist/collectives.py). Engines and reference are as in one process.
+        distributed.replicate_from_rank0(trainable_parameters(models.policy))
+    elif distributed.active():
+        # The HF engine generates with a whole float32 copy, refreshed from the gathered
+        # weights; vLLM holds its own and is verified against the sharded policy (no copy).
+        kind = spec.rollout.engine if spec.rollout.engine != "auto" else default_engine(device)
+        if kind == "hf":
+            models.engine_model = copy.deepcopy(models.policy).eval().requires_grad_(False)
+        distributed.shard_policy(models.policy, cdtype)
+        if models.ref is not None:
+            distributed.shard_policy(models.ref, cdtype)
+    return models
+
+
+def _optimizer_and_state(spec: JobSpec, models: _Models, resume: Path | None, cdtype):
+    """The optimizer, the trainer state and the stage plans: fresh, or as the checkpoint left them."""
+    plans = replan(spec, [])
+    optimizer = make_optimizer(trainable_parameters(models.policy), spec.optim, plans[0].lr, device_dtype=cdtype)
+    state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
+                                    spec_sha256=spec_sha256(spec), spec=spec.model_dump(mode="json"))
+    if resume:
+        state = checkpoint.load_state(Path(resume), optimizer, models.ref, models.policy)
+        if models.ref is not None and not (Path(resume) / "trainer_state" / "ref.safetensors").is_file():
+            distributed.copy_weights(models.ref, models.policy)  # reference == policy at that step
+        plans = replan(spec, state.broaden_starts)
+    return optimizer, state, plans
+
+
 def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
               stop_check: Callable[[], None] = never) -> Run:
     """Everything the loop needs. On torchrun's ranks (trainer/dist/launch.py joined the process
@@ -197,60 +250,25 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     except BaseException:  # a stop during the warm start: the scorer's processes go too
         scorer.close()
         raise
-    source = Path(resume) if resume else model_dir
     cdtype = compute_dtype(spec.model.dtype, device)
-    ref = None
-    if spec.model.lora is not None:  # the base from model_dir, the adapter from the checkpoint
-        source = model_dir
-        policy, tokenizer, ref = load_lora_policy(spec, model_dir, resume, device)
-    else:
-        policy, tokenizer = load_policy(source, spec.model.dtype, device,
-                                        gradient_checkpointing=spec.model.gradient_checkpointing)
-    if spec.algo.kl_coef > 0 and spec.model.lora is None:
-        # The reference is never trained: it may live in the compute dtype (half the memory);
-        # on many ranks it is sharded like the policy (each rank holds 1 / ranks of it).
-        ref = copy.deepcopy(policy).to(cdtype).eval().requires_grad_(False)
-    engine_model = policy
-    if distributed.active() and spec.model.lora is not None:
-        # LoRA on ranks: the frozen base is replicated, not sharded (every rank loaded it
-        # whole); the adapter starts as rank 0's, and its gradients are all-reduced in the
-        # update (trainer/dist/collectives.py). Engines and reference are as in one process.
-        distributed.replicate_from_rank0(trainable_parameters(policy))
-    elif distributed.active():
-        # The HF engine generates with a whole float32 copy, refreshed from the gathered
-        # weights; vLLM holds its own and is verified against the sharded policy (no copy).
-        kind = spec.rollout.engine if spec.rollout.engine != "auto" else default_engine(device)
-        if kind == "hf":
-            engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
-        distributed.shard_policy(policy, cdtype)
-        if ref is not None:
-            distributed.shard_policy(ref, cdtype)
-    plans = replan(spec, [])
-    optimizer = make_optimizer(trainable_parameters(policy), spec.optim, plans[0].lr, device_dtype=cdtype)
-    state = checkpoint.TrainerState(step=0, stage=0, data_cursor=0, ref_step=0,
-                                    spec_sha256=spec_sha256(spec), spec=spec.model_dump(mode="json"))
-    if resume:
-        state = checkpoint.load_state(Path(resume), optimizer, ref, policy)
-        if ref is not None and not (Path(resume) / "trainer_state" / "ref.safetensors").is_file():
-            distributed.copy_weights(ref, policy)  # reference == policy at that step
-        plans = replan(spec, state.broaden_starts)
+    models = _load_models(spec, model_dir, resume, device, cdtype)
+    policy, tokenizer = models.policy, models.tokenizer
+    optimizer, state, plans = _optimizer_and_state(spec, models, resume, cdtype)
 
     template = spec.task.prompt_template
     train_ids = _encode(tokenizer, [render_prompt(ex.question, template, tokenizer) for ex in task.train])
     eval_ids = _encode(tokenizer, [render_prompt(ex.question, template, tokenizer) for ex in task.eval])
-    max_prompt = max(len(p) for p in train_ids + eval_ids)
-    max_len = max_prompt + spec.rollout.max_new_tokens
-    widest = widest_samples(spec)
-    engine = make_engine(spec.rollout.engine, source, engine_model, tokenizer, dtype=spec.model.dtype,
-                         seed=spec.seed, max_model_len=max_len,
-                         max_num_seqs=max(widest, len(eval_ids) * spec.eval.samples_per_prompt),
+    max_len = max(len(p) for p in train_ids + eval_ids) + spec.rollout.max_new_tokens
+    engine = make_engine(spec.rollout.engine, models.source, models.engine_model, tokenizer,
+                         dtype=spec.model.dtype, seed=spec.seed, max_model_len=max_len,
+                         max_num_seqs=max(widest_samples(spec), len(eval_ids) * spec.eval.samples_per_prompt),
                          lora_rank=spec.model.lora.rank if spec.model.lora is not None else None)
-    budget = spec.algo.micro_batch_tokens
-    if engine_model is not policy:
+    if models.engine_model is not policy:
         engine.sync_weights(policy)  # a resume restored the sharded weights from dcp/
+    budget = spec.algo.micro_batch_tokens
     micro = auto_micro_batch_tokens(policy, max_len) if budget == "auto" else int(budget)
     return Run(spec=spec, out_dir=Path(out_dir), device=device, task=task, model_dir=model_dir,
-               tokenizer=tokenizer, policy=policy, ref=ref, optimizer=optimizer, engine=engine,
+               tokenizer=tokenizer, policy=policy, ref=models.ref, optimizer=optimizer, engine=engine,
                scorer=scorer, stream=PromptStream(range(len(task.train)), spec.seed, state.data_cursor),
                plans=plans, state=state, train_ids=train_ids, eval_ids=eval_ids,
                micro_batch_tokens=micro, compute_dtype=cdtype,
