@@ -515,6 +515,22 @@ def _packed_logits(model, prompt_ids, response_ids, chunk: Rows,
     return [(x, where.unsqueeze(0).to(device), head)], batch
 
 
+def _distinct_prompts(prompt_ids, idx: list[int]):
+    """The chunk's distinct prompts: each sample's group, the prompts, their lengths, the
+    padded prompt mask [G, P], and the last positions to project (`keep`, each group's `col`
+    in it): only a prompt's last position predicts its responses' first token."""
+    slots: dict[tuple, int] = {}
+    group = torch.tensor([slots.setdefault(tuple(prompt_ids[i]), len(slots)) for i in idx])
+    prompts = [torch.tensor(k, dtype=torch.long) for k in slots]
+    plens = torch.tensor([len(p) for p in prompts])
+    if int(plens.min()) == 0:
+        raise ValueError("empty prompt: the first response token would have no predicting position")
+    P = int(plens.max())
+    pmask = torch.arange(P).unsqueeze(0) < plens.unsqueeze(1)
+    keep = torch.unique(plens - 1)
+    return group, prompts, plens, pmask, keep, torch.searchsorted(keep, plens - 1)
+
+
 def _packed_prefix_logits(model, prompt_ids, response_ids, chunk: Rows,
                           compute_dtype: torch.dtype) -> tuple[list[Segment], dict]:
     """The shared-prompt forward on packed rows: one pass over the distinct prompts, then one
@@ -525,16 +541,8 @@ def _packed_prefix_logits(model, prompt_ids, response_ids, chunk: Rows,
     idx = list(chunk)
     place = {i: k for k, i in enumerate(idx)}
     rows = [[place[i] for i in row] for row in chunk.rows()]
-    slots: dict[tuple, int] = {}
-    group = torch.tensor([slots.setdefault(tuple(prompt_ids[i]), len(slots)) for i in idx])
-    prompts = [torch.tensor(k, dtype=torch.long) for k in slots]
-    plens = torch.tensor([len(p) for p in prompts])
-    if int(plens.min()) == 0:
-        raise ValueError("empty prompt: the first response token would have no predicting position")
-    G, P = len(prompts), int(plens.max())
-    pmask = torch.arange(P).unsqueeze(0) < plens.unsqueeze(1)
-    keep = torch.unique(plens - 1)
-    col = torch.searchsorted(keep, plens - 1)
+    group, prompts, plens, pmask, keep, col = _distinct_prompts(prompt_ids, idx)
+    G, P = pmask.shape
     rlens = torch.tensor([len(response_ids[i]) for i in idx])
     spans = (rlens - 1).clamp_min(0).tolist()
     seg, offset, W = _row_layout(rows, spans)
@@ -581,17 +589,9 @@ def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int],
     last position, then the response pass), plus the batch's targets / mask / rlens: one
     prompt pass per distinct prompt, one response pass."""
     device = next(model.parameters()).device
-    slots: dict[tuple, int] = {}
-    group = torch.tensor([slots.setdefault(tuple(prompt_ids[i]), len(slots)) for i in idx])
-    prompts = [torch.tensor(k, dtype=torch.long) for k in slots]
-    plens = torch.tensor([len(p) for p in prompts])
-    if int(plens.min()) == 0:
-        raise ValueError("empty prompt: the first response token would have no predicting position")
-    G, P = len(prompts), int(plens.max())
-    pmask = (torch.arange(P).unsqueeze(0) < plens.unsqueeze(1)).long()
-    # Only each prompt's last position is projected to the vocabulary (it predicts token 0).
-    keep = torch.unique(plens - 1)
-    col = torch.searchsorted(keep, plens - 1)
+    group, prompts, plens, pmask, keep, col = _distinct_prompts(prompt_ids, idx)
+    G, P = pmask.shape
+    pmask = pmask.long()
     rlens = torch.tensor([len(response_ids[i]) for i in idx])
     R = int(rlens.max())
     resp = pad_sequence([torch.tensor(response_ids[i], dtype=torch.long) for i in idx], batch_first=True)
