@@ -23,7 +23,7 @@ response pass), so the response logits are never concatenated into one tensor.
 are the last hidden states, and each slice's logits are projected here, so no tensor of all
 the response's logits exists at all (a 150 k vocabulary costs a slice, not [b, R, V]); the
 backward recomputes the slice's projection and returns the hidden states' and the head's
-gradients (`_hidden_states_out` in trainer/optim/update.py makes the model return hidden
+gradients (`hidden_states_out` in trainer/optim/model_io.py makes the model return hidden
 states). The projection runs under the caller's autocast in the forward and in float32 in
 the backward.
 """

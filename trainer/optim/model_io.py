@@ -1,0 +1,49 @@
+"""What the update needs to know of an HF causal LM: whether its head can be applied a slice at
+a time, how to take its last hidden states instead of its logits, and its autocast."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from trainer.dist import collectives as distributed
+
+
+def autocast(device: torch.device, compute_dtype: torch.dtype):
+    """bf16 autocast around a forward when the compute dtype is not float32 (CPU too)."""
+    if compute_dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=compute_dtype)
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+# Model types whose causal-LM forward is exactly `lm_head(last hidden state)` (no logit
+# soft-capping or scaling after the head), so the head can be applied slice by slice outside.
+PLAIN_HEAD_MODELS = ("qwen2", "qwen3", "llama", "mistral")
+
+
+def sliced_head(model) -> torch.Tensor | None:
+    """The LM head's weight when the log-probs can project hidden states to the vocabulary a
+    slice at a time (trainer/optim/logprobs.py); None: take the model's own logits."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if (getattr(model.config, "model_type", None) not in PLAIN_HEAD_MODELS or distributed.is_sharded(model)
+            or type(head) is not torch.nn.Linear or head.bias is not None):
+        return None
+    return head.weight
+
+
+@contextlib.contextmanager
+def hidden_states_out(model, on: bool):
+    """With `on`, the model's forward returns its last hidden states in place of the logits
+    (the head is swapped for an identity and put back afterwards)."""
+    if not on:
+        yield
+        return
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(torch.nn.Identity())
+    try:
+        yield
+    finally:
+        model.set_output_embeddings(head)
