@@ -10,308 +10,43 @@ docs`) turns them, with the bounds and defaults, into docs/jobspec.md.
 """
 from __future__ import annotations
 
-import difflib
-import functools
 import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+# The sections and shared parts live in their own modules; imported here so that
+# `from trainer.spec import ...` stays the one place callers take spec names from.
+from trainer.spec_base import (  # noqa: F401
+    MAX_EVAL_K,
+    MAX_KEEP_LAST,
+    MAX_SAMPLES_PER_STEP,
+    MAX_TASK_CONFIG_BYTES,
+    MAX_TOTAL_STEPS,
+    MAX_WALL_SECONDS,
+    SPEC_VERSION,
+    FieldError,
+    _first_bad_text,
+    _Frozen,
+    text_problem,
 )
-
-SPEC_VERSION = 1
-MAX_SAMPLES_PER_STEP = 1_048_576
-MAX_TOTAL_STEPS = 1_000_000
-
-
-MAX_TASK_CONFIG_BYTES = 16 * 1024
-MAX_EVAL_K = 16
-MAX_KEEP_LAST = 100
-MAX_WALL_SECONDS = 30 * 86_400
-
-
-class _Frozen(BaseModel):
-    # allow_inf_nan=False: JSON's NaN/Infinity literals are refused in every float field
-    # (a NaN weight_decay once trained a NaN model; Postgres and SQLite then disagree on it).
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-class FieldError(ValueError):
-    """A cross-field rule broken at `path` (dotted, relative to the whole spec)."""
-
-    def __init__(self, path: str, message: str):
-        super().__init__(f"{path}: {message}")
-        self.path = path
-        self.message = message
-
-
-def text_problem(text: str) -> str | None:
-    """Why a database could not store `text`, or None: PostgreSQL refuses NUL in text and
-    JSONB, and no database stores a lone surrogate (it has no UTF-8 encoding)."""
-    if "\x00" in text:
-        return "must not contain NUL (\\u0000) characters"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "must be valid Unicode (it holds a lone surrogate)"
-    return None
-
-
-def _first_bad_text(value: Any, path: str, depth: int = 0) -> tuple[str, str] | None:
-    """(dotted path, problem) of the first string in raw input a database would refuse."""
-    if isinstance(value, str):
-        problem = text_problem(value)
-        return (path, problem) if problem else None
-    if depth > 32:
-        return None
-    items: Any = ()
-    if isinstance(value, dict):
-        for key in value:
-            if isinstance(key, str) and text_problem(key):
-                return path or "(body)", f"a key {text_problem(key)}"
-        items = value.items()
-    elif isinstance(value, (list, tuple)):
-        items = enumerate(value)
-    for key, item in items:
-        found = _first_bad_text(item, f"{path}.{key}" if path else str(key), depth + 1)
-        if found:
-            return found
-    return None
-
-
-# --------------------------------------------------------------------------- model
-
-TINY_MODEL = "builtin:tiny"
-TINY_MIN_NEW_TOKENS = 24
-
-
-# Linear layers of builtin:tiny (Qwen2), so that a LoRA target it lacks is a 422, not a job error.
-TINY_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-MAX_LORA_RANK = 1024
-MAX_VLLM_LORA_RANK = 512  # vLLM's largest max_lora_rank (trainer/engines/vllm_lora.py)
-
-
-class LoraSpec(_Frozen):
-    """A LoRA adapter (peft) instead of full fine-tuning: the base stays frozen in the compute
-    dtype and only the adapter (and its AdamW state) is trained, in float32."""
-
-    rank: int = Field(16, ge=1, le=MAX_LORA_RANK, description="The adapter's rank r (Tinker's "
-                      "default is 32; LoRA matches full fine-tuning in RL even at small ranks).")
-    alpha: float = Field(32.0, gt=0, le=16_384, description="peft's lora_alpha: the adapter's "
-                         "update is scaled by alpha / rank.")
-    dropout: float = Field(0.0, ge=0, le=0.5, description="Dropout on the adapter's input during the "
-                           "PPO forwards (peft's lora_dropout); 0 keeps every log-prob of a sample "
-                           "the same across forwards, as the rest of the trainer does.")
-    target_modules: Literal["all-linear"] | Annotated[list[Annotated[str, Field(
-        min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.]+$")]], Field(min_length=1, max_length=64)] = Field(
-        "all-linear",
-        description="all-linear (every linear layer but the output head, MLP included, as "
-                    "'LoRA Without Regret' advises) or a list of module names (e.g. q_proj, v_proj); "
-                    "a name the model lacks is refused (a 422 for builtin:tiny, a job error naming "
-                    "this field otherwise).")
-
-
-class ModelSpec(_Frozen):
-    path: str = Field("builtin:tiny", min_length=1, max_length=4096,
-                      description="builtin:tiny (a 0.6 M-parameter model built on the worker, no download); "
-                      "an absolute path to a Hugging Face model folder under one of the deployment's "
-                      "BRORL_MODEL_ROOTS; or a hub id, where the deployment sets BRORL_ALLOW_HUB_MODELS.")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="Compute dtype (auto = bf16 on CUDA, float32 on CPU); trainable "
-                            "weights and optimizer state are float32 either way (on the CPU "
-                            "with optim.optimizer_state cpu_offload).")
-    gradient_checkpointing: bool = Field(
-        False, description="Recompute each layer's activations in the backward: about 30 % more "
-                           "update compute for the activations of one layer at a time.")
-    lora: LoraSpec | None = Field(
-        None, description="null: full fine-tuning. Else train a LoRA adapter (peft) on the frozen "
-        "base: the KL reference is the base with the adapter off (no second copy), checkpoints "
-        "hold the adapter in PEFT's format, and start from about 10x the full fine-tuning "
-        "optim.lr. vLLM serves the adapter with its own LoRA support (each step sends only the "
-        "adapter). On many ranks (resources.gpus_per_node) every rank holds the whole base and "
-        "the adapter's gradients are all-reduced. Needs optim.optimizer_state fp32.")
-
-    @model_validator(mode="after")
-    def _tiny_has_targets(self) -> "ModelSpec":
-        lora = self.lora
-        if lora is None or self.path != TINY_MODEL or lora.target_modules == "all-linear":
-            return self
-        missing = [m for m in lora.target_modules if m.rsplit(".", 1)[-1] not in TINY_LINEAR_MODULES]
-        if missing:
-            raise FieldError("model.lora.target_modules", f"{missing} are not linear layers of "
-                             f"builtin:tiny; it has {', '.join(TINY_LINEAR_MODULES)}")
-        return self
-
-
-# --------------------------------------------------------------------------- task
-
-
-@functools.lru_cache(maxsize=1)
-def reasoning_gym_task_names() -> tuple[str, ...]:
-    """Registered reasoning-gym task names (imported lazily: it is not needed elsewhere)."""
-    from reasoning_gym.factory import DATASETS
-
-    return tuple(sorted(DATASETS))
-
-
-class ReasoningGymTask(_Frozen):
-    name: str = Field(..., min_length=1, max_length=200,
-                      description="A registered reasoning-gym task, e.g. chain_sum (an unknown name is "
-                                  "refused with the close matches).")
-    config: dict[str, Any] = Field(
-        default_factory=dict,
-        description=f"The task's config fields, checked against the task's own config class "
-                    f"(at most {MAX_TASK_CONFIG_BYTES} bytes as JSON).")
-    train_size: int = Field(10_000, ge=1, le=10_000_000,
-                            description="Training questions generated from the job's seed.")
-    eval_size: int = Field(200, ge=1, le=100_000,
-                           description="Held-out questions for evaluation (another seed).")
-    eval_disjoint: bool = Field(
-        True, description="Drop eval questions that also occur in the training split. A closed "
-        "task space (e.g. one-digit sums) has few unseen questions: false samples eval from the "
-        "same generator with another seed, overlaps allowed.")
-
-    @field_validator("config")
-    @classmethod
-    def _small_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        # Stored with the job and sent back on every read: a few KB, not megabytes of junk.
-        try:
-            size = len(json.dumps(config, allow_nan=False))
-        except (ValueError, TypeError, RecursionError):
-            raise ValueError("must be plain JSON without NaN or Infinity") from None
-        if size > MAX_TASK_CONFIG_BYTES:
-            raise ValueError(f"is {size} bytes as JSON; at most {MAX_TASK_CONFIG_BYTES}")
-        return config
-
-    @field_validator("name")
-    @classmethod
-    def _registered(cls, name: str) -> str:
-        names = reasoning_gym_task_names()
-        if name not in names:
-            close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
-            hint = f"; close matches: {', '.join(close)}" if close else ""
-            raise ValueError(f"unknown reasoning-gym task {name!r}{hint}")
-        return name
-
-    @model_validator(mode="after")
-    def _config_is_valid(self) -> "ReasoningGymTask":
-        # Bounds on every field (trainer.tasks.config_limits says which and why), then
-        # reasoning-gym's own checks; any exception there is a problem with the config.
-        from trainer.tasks.config_limits import ConfigProblem, check_config
-
-        try:
-            check_config(self.name, self.config)
-        except ConfigProblem as exc:
-            raise FieldError(exc.field, exc.message) from None
-        return self
-
-
-class DatasetTask(_Frozen):
-    id: str = Field(..., min_length=1, max_length=64,
-                    description="An uploaded JSONL dataset (ds_..., from POST /v1/datasets).")
-    verifier: Literal["exact", "numeric", "math", "regex"] = Field(
-        "exact", description="How the extracted answer is compared with the row's answer: exact "
-        "(equal after stripping whitespace), numeric (a plain number within numeric_tolerance), "
-        "math (math-verify equivalence; arithmetic left to do is refused) or regex (the answer is "
-        "a Python regular expression that must match the whole extraction).")
-    eval_fraction: float = Field(0.05, gt=0, lt=1, description="Share of the rows held out for "
-                                 "evaluation (a seeded split; at least one row on each side).")
-    numeric_tolerance: float = Field(1e-6, ge=0, le=1e6, description="Relative tolerance of the "
-                                     "numeric verifier (absolute when the answer is 0).")
-
-
-class TaskSpec(_Frozen):
-    reasoning_gym: ReasoningGymTask | None = Field(
-        None, description="A generated reasoning-gym task. Give exactly one of reasoning_gym and dataset.")
-    dataset: DatasetTask | None = Field(
-        None, description="An uploaded dataset of {prompt, answer} lines. Give exactly one of "
-                          "reasoning_gym and dataset.")
-    prompt_template: str | None = Field(
-        None, max_length=20_000,
-        description="null: the default prompt asking for the answer inside <answer>...</answer> (a system "
-                    "message for chat models); else a text containing {question}, used verbatim (a chat "
-                    "model's template must carry its own chat markup).")
-    reward: Literal["binary", "score"] = Field(
-        "binary", description="binary: 1 when the verifier's (or grader's) score is 1, else 0; "
-                              "score: the score itself (partial credit).")
-    grader: dict[str, Any] | None = Field(
-        None, description="Bring your own reward: a grader in OpenAI's reinforcement fine-tuning "
-        "JSON (string_check, text_similarity, python, multi, score_model, label_model) or this "
-        "service's code and verifier types (docs/graders.md, examples/graders/). It replaces the "
-        "dataset's verifier or the reasoning-gym scorer; its `item` is the dataset row (or the "
-        "reasoning-gym entry), its `sample` the completion. null: the built-in verifier.")
-    grader_error_fraction: float = Field(
-        0.5, gt=0, le=1, description="The job fails when more than this share of a step's "
-        "samples have a grader error (the message names the error) for grader_error_steps "
-        "steps in a row.")
-    grader_error_steps: int = Field(
-        3, ge=1, le=1000, description="Steps in a row over grader_error_fraction before the job "
-                                      "fails.")
-
-    @field_validator("prompt_template")
-    @classmethod
-    def _has_question(cls, v: str | None) -> str | None:
-        if v is not None and "{question}" not in v:
-            raise ValueError("must contain the placeholder {question}")
-        return v
-
-    @field_validator("grader")
-    @classmethod
-    def _valid_grader(cls, grader: dict[str, Any] | None) -> dict[str, Any] | None:
-        if grader is not None:
-            check_grader(grader, "task.grader")
-        return grader
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> "TaskSpec":
-        if (self.reasoning_gym is None) == (self.dataset is None):
-            raise FieldError("task", "give exactly one of reasoning_gym or dataset")
-        return self
-
-    @model_validator(mode="after")
-    def _grader_or_verifier(self) -> "TaskSpec":
-        if self.grader is not None and self.dataset is not None:
-            for name in ("verifier", "numeric_tolerance"):
-                if name in self.dataset.model_fields_set:
-                    raise FieldError(f"task.dataset.{name}", "give either task.grader or the "
-                                     "dataset's verifier, not both: the grader is the reward "
-                                     "(use a grader of type verifier for a built-in one)")
-        return self
-
-
-def _grader_path(loc: tuple) -> str:
-    """A grader error's location without pydantic's union tags (`python`, `multi`, ...)."""
-    from trainer.graders.models import GRADER_TYPES
-
-    out: list[str] = []
-    for i, part in enumerate(loc):
-        tag_slot = i == 0 or (i >= 2 and loc[i - 2] == "graders")
-        if tag_slot and part in GRADER_TYPES:
-            continue
-        out.append(str(part))
-    return ".".join(out)
-
-
-def check_grader(grader: Any, where: str) -> None:
-    """FieldError naming `where.<path>` when `grader` is not a valid grader (trainer.graders)."""
-    from trainer.graders.models import parse_grader
-
-    try:
-        parse_grader(grader)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        path = _grader_path(tuple(err["loc"]))
-        raise FieldError(f"{where}.{path}" if path else where,
-                         err["msg"].removeprefix("Value error, ")) from None
-
-
-# --------------------------------------------------------------------------- rollout
+from trainer.spec_model import (  # noqa: F401
+    MAX_LORA_RANK,
+    MAX_VLLM_LORA_RANK,
+    TINY_LINEAR_MODULES,
+    TINY_MIN_NEW_TOKENS,
+    TINY_MODEL,
+    LoraSpec,
+    ModelSpec,
+)
+from trainer.spec_task import (  # noqa: F401
+    DatasetTask,
+    ReasoningGymTask,
+    TaskSpec,
+    check_grader,
+    reasoning_gym_task_names,
+)
 
 
 class Stage(_Frozen):

@@ -1,0 +1,173 @@
+"""The job spec's `task` section: a reasoning-gym task or an uploaded dataset, and the reward
+(a built-in verifier or a user's grader) (trainer/spec.py)."""
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from trainer.spec_base import MAX_TASK_CONFIG_BYTES, FieldError, _Frozen
+
+@functools.lru_cache(maxsize=1)
+def reasoning_gym_task_names() -> tuple[str, ...]:
+    """Registered reasoning-gym task names (imported lazily: it is not needed elsewhere)."""
+    from reasoning_gym.factory import DATASETS
+
+    return tuple(sorted(DATASETS))
+
+
+class ReasoningGymTask(_Frozen):
+    name: str = Field(..., min_length=1, max_length=200,
+                      description="A registered reasoning-gym task, e.g. chain_sum (an unknown name is "
+                                  "refused with the close matches).")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"The task's config fields, checked against the task's own config class "
+                    f"(at most {MAX_TASK_CONFIG_BYTES} bytes as JSON).")
+    train_size: int = Field(10_000, ge=1, le=10_000_000,
+                            description="Training questions generated from the job's seed.")
+    eval_size: int = Field(200, ge=1, le=100_000,
+                           description="Held-out questions for evaluation (another seed).")
+    eval_disjoint: bool = Field(
+        True, description="Drop eval questions that also occur in the training split. A closed "
+        "task space (e.g. one-digit sums) has few unseen questions: false samples eval from the "
+        "same generator with another seed, overlaps allowed.")
+
+    @field_validator("config")
+    @classmethod
+    def _small_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        # Stored with the job and sent back on every read: a few KB, not megabytes of junk.
+        try:
+            size = len(json.dumps(config, allow_nan=False))
+        except (ValueError, TypeError, RecursionError):
+            raise ValueError("must be plain JSON without NaN or Infinity") from None
+        if size > MAX_TASK_CONFIG_BYTES:
+            raise ValueError(f"is {size} bytes as JSON; at most {MAX_TASK_CONFIG_BYTES}")
+        return config
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        names = reasoning_gym_task_names()
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+            hint = f"; close matches: {', '.join(close)}" if close else ""
+            raise ValueError(f"unknown reasoning-gym task {name!r}{hint}")
+        return name
+
+    @model_validator(mode="after")
+    def _config_is_valid(self) -> "ReasoningGymTask":
+        # Bounds on every field (trainer.tasks.config_limits says which and why), then
+        # reasoning-gym's own checks; any exception there is a problem with the config.
+        from trainer.tasks.config_limits import ConfigProblem, check_config
+
+        try:
+            check_config(self.name, self.config)
+        except ConfigProblem as exc:
+            raise FieldError(exc.field, exc.message) from None
+        return self
+
+
+class DatasetTask(_Frozen):
+    id: str = Field(..., min_length=1, max_length=64,
+                    description="An uploaded JSONL dataset (ds_..., from POST /v1/datasets).")
+    verifier: Literal["exact", "numeric", "math", "regex"] = Field(
+        "exact", description="How the extracted answer is compared with the row's answer: exact "
+        "(equal after stripping whitespace), numeric (a plain number within numeric_tolerance), "
+        "math (math-verify equivalence; arithmetic left to do is refused) or regex (the answer is "
+        "a Python regular expression that must match the whole extraction).")
+    eval_fraction: float = Field(0.05, gt=0, lt=1, description="Share of the rows held out for "
+                                 "evaluation (a seeded split; at least one row on each side).")
+    numeric_tolerance: float = Field(1e-6, ge=0, le=1e6, description="Relative tolerance of the "
+                                     "numeric verifier (absolute when the answer is 0).")
+
+
+class TaskSpec(_Frozen):
+    reasoning_gym: ReasoningGymTask | None = Field(
+        None, description="A generated reasoning-gym task. Give exactly one of reasoning_gym and dataset.")
+    dataset: DatasetTask | None = Field(
+        None, description="An uploaded dataset of {prompt, answer} lines. Give exactly one of "
+                          "reasoning_gym and dataset.")
+    prompt_template: str | None = Field(
+        None, max_length=20_000,
+        description="null: the default prompt asking for the answer inside <answer>...</answer> (a system "
+                    "message for chat models); else a text containing {question}, used verbatim (a chat "
+                    "model's template must carry its own chat markup).")
+    reward: Literal["binary", "score"] = Field(
+        "binary", description="binary: 1 when the verifier's (or grader's) score is 1, else 0; "
+                              "score: the score itself (partial credit).")
+    grader: dict[str, Any] | None = Field(
+        None, description="Bring your own reward: a grader in OpenAI's reinforcement fine-tuning "
+        "JSON (string_check, text_similarity, python, multi, score_model, label_model) or this "
+        "service's code and verifier types (docs/graders.md, examples/graders/). It replaces the "
+        "dataset's verifier or the reasoning-gym scorer; its `item` is the dataset row (or the "
+        "reasoning-gym entry), its `sample` the completion. null: the built-in verifier.")
+    grader_error_fraction: float = Field(
+        0.5, gt=0, le=1, description="The job fails when more than this share of a step's "
+        "samples have a grader error (the message names the error) for grader_error_steps "
+        "steps in a row.")
+    grader_error_steps: int = Field(
+        3, ge=1, le=1000, description="Steps in a row over grader_error_fraction before the job "
+                                      "fails.")
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _has_question(cls, v: str | None) -> str | None:
+        if v is not None and "{question}" not in v:
+            raise ValueError("must contain the placeholder {question}")
+        return v
+
+    @field_validator("grader")
+    @classmethod
+    def _valid_grader(cls, grader: dict[str, Any] | None) -> dict[str, Any] | None:
+        if grader is not None:
+            check_grader(grader, "task.grader")
+        return grader
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "TaskSpec":
+        if (self.reasoning_gym is None) == (self.dataset is None):
+            raise FieldError("task", "give exactly one of reasoning_gym or dataset")
+        return self
+
+    @model_validator(mode="after")
+    def _grader_or_verifier(self) -> "TaskSpec":
+        if self.grader is not None and self.dataset is not None:
+            for name in ("verifier", "numeric_tolerance"):
+                if name in self.dataset.model_fields_set:
+                    raise FieldError(f"task.dataset.{name}", "give either task.grader or the "
+                                     "dataset's verifier, not both: the grader is the reward "
+                                     "(use a grader of type verifier for a built-in one)")
+        return self
+
+
+def _grader_path(loc: tuple) -> str:
+    """A grader error's location without pydantic's union tags (`python`, `multi`, ...)."""
+    from trainer.graders.models import GRADER_TYPES
+
+    out: list[str] = []
+    for i, part in enumerate(loc):
+        tag_slot = i == 0 or (i >= 2 and loc[i - 2] == "graders")
+        if tag_slot and part in GRADER_TYPES:
+            continue
+        out.append(str(part))
+    return ".".join(out)
+
+
+def check_grader(grader: Any, where: str) -> None:
+    """FieldError naming `where.<path>` when `grader` is not a valid grader (trainer.graders)."""
+    from trainer.graders.models import parse_grader
+
+    try:
+        parse_grader(grader)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        path = _grader_path(tuple(err["loc"]))
+        raise FieldError(f"{where}.{path}" if path else where,
+                         err["msg"].removeprefix("Value error, ")) from None
+
+
+# --------------------------------------------------------------------------- rollout
