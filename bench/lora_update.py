@@ -61,7 +61,8 @@ def saved_for_backward_mb(model, batch, micro_tokens: int) -> float:
     model's own weights left out)."""
     import torch
 
-    from trainer.optim.update import _chunks, _logits, _token_logp
+    from trainer.optim.logprobs import token_logp
+    from trainer.optim.update import _chunks, _logits
 
     chunks, shared = _chunks(model, batch.prompt_ids, batch.response_ids, micro_tokens, True)
     seen: dict[int, int] = {}
@@ -74,8 +75,8 @@ def saved_for_backward_mb(model, batch, micro_tokens: int) -> float:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits, b = _logits(model, batch.prompt_ids, batch.response_ids, chunks[0], 1.0, torch.float32, shared)
-        _token_logp(logits, b["targets"]).sum()
+        logits, b = _logits(model, batch.prompt_ids, batch.response_ids, chunks[0], torch.float32, shared)
+        token_logp(logits, b["targets"], 1.0).sum()
     return sum(seen.values()) / 2**20
 
 
@@ -140,7 +141,9 @@ def main() -> None:
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
         out = subprocess.run([sys.executable, __file__, "--one", name, "--n", str(args.n), "--steps",
                               str(args.steps), "--micro-batch-tokens", str(args.micro_batch_tokens)],
-                             capture_output=True, text=True, check=True, env=env)
+                             capture_output=True, text=True, env=env)
+        if out.returncode:
+            sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
