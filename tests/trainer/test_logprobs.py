@@ -28,7 +28,10 @@ def test_token_logp_matches_log_softmax(chunk, gathered):
     (ref_lp * weights).sum().backward()
     ref_grad, logits.grad = logits.grad.clone(), None
 
-    lp = token_logp([(logits, pos, None)], targets, T, chunk)
+    # The entropies come from the same slices as the log-probs, without a gradient of their own.
+    lp, ent = token_logp([(logits, pos, None)], targets, T, chunk, with_entropy=True)
+    assert not ent.requires_grad
+    torch.testing.assert_close(ent, ref_ent.detach(), rtol=1e-5, atol=1e-5)
     (lp * weights).sum().backward()
     torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(logits.grad, ref_grad, rtol=1e-5, atol=1e-6)
@@ -67,7 +70,8 @@ def test_sliced_head_matches_projected_logits(chunk, gathered):
     ref_gx, ref_gh = x.grad.clone(), head.grad.clone()
     x.grad = head.grad = None
 
-    lp = token_logp([(x, pos, head)], targets, T, chunk)
+    lp, ent = token_logp([(x, pos, head)], targets, T, chunk, with_entropy=True)
+    torch.testing.assert_close(ent, ref_ent.detach(), rtol=1e-5, atol=1e-5)
     (lp * weights).sum().backward()
     torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(x.grad, ref_gx, rtol=1e-4, atol=1e-5)

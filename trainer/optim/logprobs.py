@@ -72,21 +72,27 @@ def _put(grad: torch.Tensor, pos: torch.Tensor | None, s: int, e: int, g: torch.
 
 class _TokenLogp(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, head, pos, targets, temperature: float, chunk: int):
+    def forward(ctx, x, head, pos, targets, temperature: float, chunk: int, with_entropy: bool):
         b, R = targets.shape
         out = torch.empty(b, R, dtype=torch.float32, device=x.device)
         lse = torch.empty_like(out)
+        # The entropy statistic from the same slices: at a large vocabulary a second pass
+        # would cost one more projection of every position to the vocabulary.
+        ent = torch.empty_like(out) if with_entropy else out.new_empty(0)
         for s in range(0, R, chunk):
             e = min(s + chunk, R)
             z = _slice(x, head, pos, s, e, temperature)
             lse[:, s:e] = torch.logsumexp(z, -1)
             out[:, s:e] = z.gather(-1, targets[:, s:e, None]).squeeze(-1) - lse[:, s:e]
+            if with_entropy:  # H = lse - sum softmax(z) z, as entropy_from_logits
+                ent[:, s:e] = lse[:, s:e] - (z - lse[:, s:e, None]).exp_().mul_(z).sum(-1)
         ctx.save_for_backward(x, head, pos, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
-        return out
+        ctx.mark_non_differentiable(ent)
+        return out, ent
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_ent):
         x, head, pos, targets, lse = ctx.saved_tensors
         T, chunk = ctx.temperature, ctx.chunk
         grad_x = torch.zeros_like(x)
@@ -106,19 +112,25 @@ class _TokenLogp(torch.autograd.Function):
             _put(grad_x, pos, s, e, dz @ head.float())
             if grad_head is not None:
                 grad_head += (dz.flatten(0, 1).T @ rows.flatten(0, 1)).to(grad_head.dtype)
-        return grad_x, grad_head, None, None, None, None
+        return grad_x, grad_head, None, None, None, None, None
 
 
 def token_logp(segments: list[Segment], targets: torch.Tensor, temperature: float,
-               chunk: int | None = None) -> torch.Tensor:
-    """[b, R] float32 log softmax(logits / T)[target] over the segments, in order."""
-    parts, s = [], 0
+               chunk: int | None = None, with_entropy: bool = False):
+    """[b, R] float32 log softmax(logits / T)[target] over the segments, in order; with
+    `with_entropy`, (log-probs, [b, R] entropies without gradient) from the same slices."""
+    parts, ents, s = [], [], 0
     for x, pos, head in segments:
         r = x.shape[1] if pos is None else pos.shape[1]
         c = chunk or chunk_positions(x.shape[0], _vocab(x, head))
-        parts.append(_TokenLogp.apply(x, head, pos, targets[:, s:s + r], temperature, c))
+        lp, ent = _TokenLogp.apply(x, head, pos, targets[:, s:s + r], temperature, c, with_entropy)
+        parts.append(lp)
+        ents.append(ent)
         s += r
-    return torch.cat(parts, 1) if len(parts) != 1 else parts[0]
+    logp = torch.cat(parts, 1) if len(parts) != 1 else parts[0]
+    if not with_entropy:
+        return logp
+    return logp, (torch.cat(ents, 1) if len(ents) != 1 else ents[0])
 
 
 @torch.no_grad()

@@ -43,7 +43,7 @@ from trainer.algo.losses import (
     ppo_clip_terms,
     token_sum,
 )
-from trainer.optim.logprobs import Segment, token_entropy, token_logp
+from trainer.optim.logprobs import Segment, token_logp
 from trainer.optim.model_io import autocast, hidden_states_out, sliced_head
 from trainer.optim.packing import (Rows, _distinct_prompts, _packed_logits, _packed_prefix_logits, _per_sample,
                                    packed_micro_batches, packed_prefix_micro_batches)
@@ -364,8 +364,9 @@ def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_t
     pad = distributed.pad_count(model, len(chunks))  # before any forward: it is a collective too
     for chunk in chunks:
         logits, batch = _logits(model, prompt_ids, response_ids, chunk, compute_dtype, shared)
-        lp = _per_sample(token_logp(logits, batch["targets"], temperature), batch).cpu()
-        ent = _per_sample(token_entropy(logits, temperature), batch).cpu() if with_entropy else None
+        out = token_logp(logits, batch["targets"], temperature, with_entropy=with_entropy)
+        lp = _per_sample(out[0] if with_entropy else out, batch).cpu()
+        ent = _per_sample(out[1], batch).cpu() if with_entropy else None
         for row, (i, n) in enumerate(zip(chunk, batch["rlens"])):
             logps[i] = lp[row, :n].clone()
             if with_entropy:
@@ -389,7 +390,8 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
     device = next(model.parameters()).device
     logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.compute_dtype, shared)
     mask = batch["mask"]
-    logp = _per_sample(token_logp(logits, batch["targets"], cfg.temperature), batch)
+    logp, entropy = token_logp(logits, batch["targets"], cfg.temperature, with_entropy=True)
+    logp, entropy = _per_sample(logp, batch), _per_sample(entropy, batch)
     old = logp.detach() if old_logp is None else _pad_rows(old_logp, idx, device)
     engine = _pad_rows(mb.engine_logprobs, idx, device)
     adv = mb.advantages[idx].to(device)
@@ -410,7 +412,7 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
             "pg_clipfrac_low": token_sum(clip_low.float(), mask).item(),
             "pg_clipfrac_high": token_sum(clip_high.float(), mask).item(),
             "kl": token_sum(kl.detach(), mask).item(),
-            "entropy": token_sum(_per_sample(token_entropy(logits, cfg.temperature), batch), mask).item(),
+            "entropy": token_sum(entropy, mask).item(),
             "is_ratio_mean": token_sum(is_ratio(old, engine), mask).item(),
             "is_truncated_frac": token_sum(truncated.float(), mask).item(),
         }
