@@ -129,3 +129,41 @@ def print_table(rows: list[dict[str, Any]], cols: list[str], digits: int = 3) ->
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
     for row in cells:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+# ------------------------------------------------------------------ local ranks (gloo, CPU)
+
+def spawn_ranks(fn, args: dict, world: int = 2) -> None:
+    """Runs `fn(rank, world, port, args)` in `world` spawned processes that meet on a free port."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(fn, args=(world, port, args), nprocs=world, start_method="spawn", join=True)
+
+
+def join_ranks(r: int, ws: int, port: int):
+    """In a spawned rank: the process group (one torch thread); returns trainer.dist.collectives."""
+    import torch
+
+    from trainer.dist import collectives as distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(ws),
+                      LOCAL_RANK=str(r))
+    torch.set_num_threads(1)
+    distributed.init_from_env()
+    return distributed
+
+
+def leave_ranks() -> None:
+    """In a spawned rank, at the end: wait for the others, then exit without torch's teardown."""
+    import torch
+
+    from trainer.dist import collectives as distributed
+
+    distributed.barrier()
+    torch.distributed.destroy_process_group()
+    os._exit(0)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import sys
 import time
@@ -29,7 +27,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from common import join_ranks, leave_ranks, spawn_ranks  # noqa: E402
 
 VOCAB = 1024
 
@@ -71,12 +69,10 @@ def _rank(r: int, ws: int, port: int, args: dict) -> None:
     from trainer.dist import collectives as distributed
     from trainer.algo.advantages import ADVANTAGES
     from trainer.spec import JobSpec
-    from trainer.step import update
+    from trainer.step import train_on_batch
     from trainer.optim.update import UpdateConfig
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r))
-    torch.set_num_threads(1)
-    distributed.init_from_env()
+    join_ranks(r, ws, port)
     reductions = [0]
     real_reduce = pg.foreach_reduce
 
@@ -102,7 +98,7 @@ def _rank(r: int, ws: int, port: int, args: dict) -> None:
             reductions[0] = 0
             distributed.barrier()
             t = time.perf_counter()
-            update(run, batch, step=0)
+            train_on_batch(run, batch, step=0)
             distributed.barrier()
             if rep:
                 out[name]["update_s"].append(time.perf_counter() - t)
@@ -113,9 +109,7 @@ def _rank(r: int, ws: int, port: int, args: dict) -> None:
                "arms": {k: {"update_s_median": statistics.median(v["update_s"]), **v} for k, v in out.items()}}
         Path(args["out"]).write_text(json.dumps(res, indent=1) + "\n")
         print(json.dumps(res["arms"], indent=1))
-    distributed.barrier()
-    torch.distributed.destroy_process_group()
-    os._exit(0)
+    leave_ranks()
 
 
 def main() -> None:
@@ -124,11 +118,8 @@ def main() -> None:
     ap.add_argument("--micro-batch-tokens", type=int, default=768)
     ap.add_argument("--out", default=str(REPO / "docs" / "data" / "fsdp_sync.json"))
     a = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     args = {"repeats": a.repeats, "micro_batch_tokens": a.micro_batch_tokens, "out": a.out}
-    mp.start_processes(_rank, args=(2, port, args), nprocs=2, start_method="spawn", join=True)
+    spawn_ranks(_rank, args)
 
 
 if __name__ == "__main__":

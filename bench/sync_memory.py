@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import socket
 import sys
 from pathlib import Path
 
@@ -30,7 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from common import join_ranks, leave_ranks, spawn_ranks  # noqa: E402
 
 
 def _status_kb(field: str) -> int:
@@ -73,9 +71,7 @@ def _streamed(policy, engine: dict) -> None:
 def _rank(r: int, ws: int, port: int, args: dict) -> None:
     from trainer.dist import collectives as distributed
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r))
-    torch.set_num_threads(1)
-    distributed.init_from_env()
+    join_ranks(r, ws, port)
     model = _model()
     params = sum(p.numel() for p in model.parameters())
     engine = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
@@ -108,9 +104,7 @@ def _rank(r: int, ws: int, port: int, args: dict) -> None:
                                               for k in arms}}
         Path(args["out"]).write_text(json.dumps(res, indent=1) + "\n")
         print(json.dumps(res, indent=1))
-    distributed.barrier()
-    torch.distributed.destroy_process_group()
-    os._exit(0)
+    leave_ranks()
 
 
 def main() -> None:
@@ -118,11 +112,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=str(REPO / "docs" / "data" / "sync_memory.json"))
     a = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_rank, args=(2, port, {"repeats": a.repeats, "out": a.out}), nprocs=2,
-                       start_method="spawn", join=True)
+    spawn_ranks(_rank, {"repeats": a.repeats, "out": a.out})
 
 
 if __name__ == "__main__":
