@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from tests.support.rollout_batches import random_rollouts
 from trainer.rollouts import Rollouts
 from trainer.optim.update import (UpdateConfig, micro_batches, ppo_update, prefix_micro_batches,
                             sequence_logprobs, uses_shared_prefix)
@@ -20,24 +21,15 @@ def _model(seed=0):
     return Qwen2ForCausalLM(cfg).float().train()
 
 
+def _length(g: torch.Generator) -> int:
+    """1..24 tokens, a quarter cut at 24 (truncated)."""
+    cut = bool(torch.rand((), generator=g) < 0.25)
+    return MAX_NEW if cut else int(torch.randint(1, MAX_NEW, (), generator=g))
+
+
 def _batch(groups=((512, 30), (16, 23), (5, 3)), seed=0) -> Rollouts:
-    """Groups of (N, prompt length); responses of 1..24 tokens, a quarter cut at 24 (truncated)."""
-    g = torch.Generator().manual_seed(seed)
-    prompts, responses, group = [], [], []
-    for gi, (n, plen) in enumerate(groups):
-        prompt = torch.randint(1, VOCAB, (plen,), generator=g).tolist()
-        for _ in range(n):
-            cut = bool(torch.rand((), generator=g) < 0.25)
-            length = MAX_NEW if cut else int(torch.randint(1, MAX_NEW, (), generator=g))
-            prompts.append(prompt)
-            responses.append(torch.randint(1, VOCAB, (length,), generator=g).tolist())
-            group.append(gi)
-    S = len(responses)
-    engine = [(-3.0 + 0.3 * torch.randn(len(r), generator=g)).tolist() for r in responses]
-    return Rollouts(prompt_ids=prompts, response_ids=responses, engine_logprobs=engine,
-                    group=torch.tensor(group), rewards=torch.zeros(S),
-                    truncated=torch.tensor([len(r) == MAX_NEW for r in responses]),
-                    advantages=torch.randn(S, generator=g))
+    """Groups of (N, prompt length); responses of 1..24 tokens, a quarter cut at 24."""
+    return random_rollouts(groups, _length, vocab=VOCAB, max_new=MAX_NEW, engine_level=-3.0, seed=seed)
 
 
 def _step(model, batch, shared: bool, separate_old: bool, max_tokens: int):

@@ -11,6 +11,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, MistralConfig, Mistra
 from trainer.optim.update import (Rows, UpdateConfig, _chunks, packed_micro_batches,
                                   packed_prefix_micro_batches, packs, ppo_update, prompt_copy_weight,
                                   sequence_logprobs)
+from tests.support.rollout_batches import random_rollouts
 from trainer.rollouts import Rollouts
 
 VOCAB = 64
@@ -23,24 +24,15 @@ def _model(seed=0, **kw):
     return Qwen2ForCausalLM(Qwen2Config(**_SIZE, **kw)).float().train()
 
 
+def _length(g: torch.Generator) -> int:
+    """1..120 tokens, most short, some at 120."""
+    u = float(torch.rand((), generator=g))
+    return 120 if u < 0.15 else 1 + int(torch.randint(0, 40, (), generator=g) * u * 2)
+
+
 def _batch(groups=((24, 9), (12, 17), (1, 5), (1, 30)), seed=0) -> Rollouts:
     """Groups of (N, prompt length); responses of 1..120 tokens, most short, some at 120."""
-    g = torch.Generator().manual_seed(seed)
-    prompts, responses, group = [], [], []
-    for gi, (n, plen) in enumerate(groups):
-        prompt = torch.randint(1, VOCAB, (plen,), generator=g).tolist()
-        for _ in range(n):
-            u = float(torch.rand((), generator=g))
-            length = 120 if u < 0.15 else 1 + int(torch.randint(0, 40, (), generator=g) * u * 2)
-            prompts.append(prompt)
-            responses.append(torch.randint(1, VOCAB, (length,), generator=g).tolist())
-            group.append(gi)
-    S = len(responses)
-    engine = [(-4.0 + 0.3 * torch.randn(len(r), generator=g)).tolist() for r in responses]
-    return Rollouts(prompt_ids=prompts, response_ids=responses, engine_logprobs=engine,
-                    group=torch.tensor(group), rewards=torch.zeros(S),
-                    truncated=torch.tensor([len(r) == 120 for r in responses]),
-                    advantages=torch.randn(S, generator=g))
+    return random_rollouts(groups, _length, vocab=VOCAB, max_new=120, engine_level=-4.0, seed=seed)
 
 
 def _update(model, batch, *, pack: bool, shared: bool, max_tokens: int, opt: str = "sgd"):
