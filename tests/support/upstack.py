@@ -25,6 +25,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, output, interval: float = 0.5) -> None:
+    """Poll `url` until it answers 200; fail with `output()` if `proc` exits or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"the server exited\n{output()}"
+        assert time.monotonic() < deadline, f"not healthy in {timeout:.0f} s\n{output()}"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+
+
 class Stack:
     def __init__(self, proc: subprocess.Popen, log: Path, data_dir: Path, url: str, env: dict):
         self.proc, self.log, self.data_dir, self.url, self.env = proc, log, data_dir, url, env
@@ -62,16 +76,7 @@ def running_stack(tmp: Path, env_overrides: dict[str, str | None],
                                 stdout=fh, stderr=subprocess.STDOUT)
     stack = Stack(proc, log, data_dir, f"http://127.0.0.1:{port}", env)
     try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            assert proc.poll() is None, f"brorl up exited\n{stack.output()}"
-            assert time.monotonic() < deadline, f"not healthy in {ready_timeout:.0f} s\n{stack.output()}"
-            try:
-                if httpx.get(f"{stack.url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(proc, f"{stack.url}/readyz", ready_timeout, stack.output)
         yield stack
     finally:
         if proc.poll() is None:

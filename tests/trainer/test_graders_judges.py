@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
 from pydantic import ValidationError
 
+from tests.support.upstack import free_port, wait_healthy
 from trainer.graders import grade_batch, run_grader, validate_grader
 from trainer.graders.judges import JUDGES_ENV, JudgeError
 
@@ -30,12 +28,6 @@ SCORE = {"type": "score_model", "name": "quality", "model": "tiny",
          "sampling_params": {"temperature": 1.0, "seed": 0, "max_completions_tokens": 48}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def judge_url(tmp_path_factory):
     pytest.importorskip("vllm")
@@ -45,7 +37,7 @@ def judge_url(tmp_path_factory):
     model, tokenizer = build_untrained(0)
     save_folder(model, tokenizer, root / "model")
     (root / "chat.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
-    port = _free_port()
+    port = free_port()
     log = open(root / "server.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
@@ -56,16 +48,8 @@ def judge_url(tmp_path_factory):
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, stdout=log, stderr=log,
         start_new_session=True)
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "vLLM did not start in 10 minutes"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
+        wait_healthy(proc, f"http://127.0.0.1:{port}/health", 600,
+                     lambda: (root / "server.log").read_text()[-3000:], interval=2)
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
