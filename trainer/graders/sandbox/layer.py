@@ -97,10 +97,12 @@ def bwrap_command(limits: Limits) -> list[str]:
             cmd += ["--ro-bind", f"/{name}", f"/{name}"]
     if os.path.exists("/etc/ld.so.cache"):  # lets ctypes find libseccomp
         cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    # /tmp first: bwrap mounts in order, so an interpreter installed under /tmp (a venv in a
+    # clone there) is bound on top of the fresh tmpfs instead of hidden by it.
+    cmd += ["--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
     for path in _python_paths():
         cmd += ["--ro-bind", path, path]
     cmd += ["--proc", "/proc", "--dev", "/dev",
-            "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
             "--ro-bind", str(RUNNER), SANDBOX_RUNNER, "--chdir", "/tmp",
             # bwrap's root is a writable tmpfs (it holds the mount points): make it
             # read-only, so /tmp is the one writable place.
