@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# 203 s on a quiet machine with the demo model built from scratch; twice over 540 s on cores
+# shared with a benchmark: the margin is for load, not for this test's own work.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(960)]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +31,7 @@ def test_replicate_quick_writes_well_formed_outputs(tmp_path: Path):
     out = tmp_path / "replication"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([sys.executable, "bench/replicate.py", "--quick", "--out", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     for name in ("phase_a.json", "evals.csv", "steps.csv", "summary.json", "summary.csv", "replication.png"):
