@@ -116,14 +116,16 @@ def token_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
     """Per-position entropy of softmax(logits) over the last dim, in the logsumexp form.
 
     H = logsumexp(z) - sum softmax(z) z: one [.., V] temporary (the probabilities, multiplied
     by z in place) instead of the separate log-softmax and probability tensors of -sum p log p.
-    The update calls it on slices of the sequence (trainer/optim/logprobs.py).
+    The update calls it on slices of the sequence (trainer/optim/logprobs.py), passing the
+    slice's log-sum-exp (`lse`) it has already computed.
     """
     logits = logits.float()
-    lse = torch.logsumexp(logits, dim=-1)
+    if lse is None:
+        lse = torch.logsumexp(logits, dim=-1)
     probs = torch.exp(logits - lse.unsqueeze(-1))
     return lse - probs.mul_(logits).sum(-1)

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from trainer.algo.losses import entropy_from_logits
+
 # Float32 bytes of one slice of logits; a few such temporaries are alive at once.
 LOGIT_CHUNK_BYTES = 64 * 2**20
 
@@ -84,8 +86,8 @@ class _TokenLogp(torch.autograd.Function):
             z = _slice(x, head, pos, s, e, temperature)
             lse[:, s:e] = torch.logsumexp(z, -1)
             out[:, s:e] = z.gather(-1, targets[:, s:e, None]).squeeze(-1) - lse[:, s:e]
-            if with_entropy:  # H = lse - sum softmax(z) z, as entropy_from_logits
-                ent[:, s:e] = lse[:, s:e] - (z - lse[:, s:e, None]).exp_().mul_(z).sum(-1)
+            if with_entropy:
+                ent[:, s:e] = entropy_from_logits(z, lse[:, s:e])
         ctx.save_for_backward(x, head, pos, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(ent)
@@ -131,19 +133,3 @@ def token_logp(segments: list[Segment], targets: torch.Tensor, temperature: floa
     if not with_entropy:
         return logp
     return logp, (torch.cat(ents, 1) if len(ents) != 1 else ents[0])
-
-
-@torch.no_grad()
-def token_entropy(segments: list[Segment], temperature: float, chunk: int | None = None) -> torch.Tensor:
-    """[b, R] float32 entropy of softmax(logits / T) per response position, slice by slice."""
-    from trainer.algo.losses import entropy_from_logits
-
-    parts = []
-    for x, pos, head in segments:
-        r = x.shape[1] if pos is None else pos.shape[1]
-        c = chunk or chunk_positions(x.shape[0], _vocab(x, head))
-        parts += [entropy_from_logits(_slice(x, head, pos, s, min(s + c, r), temperature))
-                  for s in range(0, r, c)]
-    if not parts:
-        return torch.zeros(segments[0][0].shape[0], 0, device=segments[0][0].device)
-    return torch.cat(parts, 1) if len(parts) != 1 else parts[0]
