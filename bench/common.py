@@ -145,8 +145,8 @@ def spawn_ranks(fn, args: dict, world: int = 2) -> None:
     mp.start_processes(fn, args=(world, port, args), nprocs=world, start_method="spawn", join=True)
 
 
-def join_ranks(r: int, ws: int, port: int):
-    """In a spawned rank: the process group (one torch thread); returns trainer.dist.collectives."""
+def join_ranks(r: int, ws: int, port: int) -> None:
+    """In a spawned rank: join the process group (one torch thread)."""
     import torch
 
     from trainer.dist import collectives as distributed
@@ -155,7 +155,6 @@ def join_ranks(r: int, ws: int, port: int):
                       LOCAL_RANK=str(r))
     torch.set_num_threads(1)
     distributed.init_from_env()
-    return distributed
 
 
 def leave_ranks() -> None:
