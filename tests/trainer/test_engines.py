@@ -155,6 +155,33 @@ def test_hf_shape_contract_and_logprobs(tiny):
             assert torch.allclose(torch.tensor(lps), ref, atol=1e-4)
 
 
+@pytest.mark.parametrize("vocab", [6, 3_000])
+def test_hf_sampler_draws_each_token_with_its_probability(vocab):
+    """`_draw` (the HF engine's inverse-CDF sampler): every token's frequency over many rows
+    is its probability within 5 standard errors, across several blocks and a partial last
+    block, and a token of probability 0 (outside a top_p nucleus) is never drawn."""
+    from trainer.engines.hf_engine import _draw
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(vocab, generator=gen) * 2, -1)
+    probs[::3] = 0.0
+    probs = probs / probs.sum()
+    rows = 200_000 if vocab < 100 else 60_000
+    drawn = _draw(probs.repeat(rows, 1), gen)
+    freq = torch.bincount(drawn, minlength=vocab).double() / rows
+    assert freq[::3].sum() == 0
+    p = probs.double()
+    se = (p * (1 - p) / rows).sqrt()
+    common = p * rows >= 20  # where the normal approximation holds; the rest are checked in sum
+    assert common.sum() >= min(vocab // 3, 100)
+    assert ((freq - p).abs()[common] <= 5 * se[common]).all()
+    rare = p[~common & (p > 0)].sum()
+    assert abs(freq[~common & (p > 0)].sum() - rare) <= 5 * (rare * (1 - rare) / rows).sqrt() + 1e-12
+    # The same generator state draws the same tokens (runs are reproducible from the seed).
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(_draw(probs.repeat(64, 1), g1), _draw(probs.repeat(64, 1), g2))
+
+
 def test_hf_dropping_finished_rows_keeps_the_samples(tiny):
     """Finished rows leave the forward, and the drawn tokens and log-probs are the same as
     when every row runs to the end; the KV budget splits the prompts into chunks."""

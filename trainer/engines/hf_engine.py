@@ -288,5 +288,36 @@ def _sample(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         lp = lp - sorted_p.sum(-1, keepdim=True).log()  # renormalised over the nucleus
-    tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+    tok = _draw(probs, gen)
     return tok, lp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+# Vocabulary entries per block of `_draw`'s two-level inverse CDF.
+_BLOCK = 1024
+
+
+def _draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One token per row, drawn with probability probs[row] / probs[row].sum().
+
+    Why not `torch.multinomial`: for one sample it draws an exponential variate for every
+    vocabulary entry (the exponential-race trick), ~100 ms a step for 32 rows at a 152k
+    vocabulary on one CPU thread: as long as the model's own forward. This is inverse-CDF
+    sampling with one uniform per row: pick the block of `_BLOCK` entries from the cumulative
+    block sums (float64), then the entry from the block's own cumulative sum (float64), ~1 ms.
+    An entry of probability 0 (outside top_p's nucleus) is never drawn: the target mass is in
+    (0, total], and the first entry whose cumulative mass reaches it has mass of its own.
+    """
+    rows, vocab = probs.shape
+    full = vocab - vocab % _BLOCK
+    sums = probs[:, :full].reshape(rows, -1, _BLOCK).sum(-1).double()
+    if full < vocab:
+        sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True).double()], -1)
+    cdf = sums.cumsum(-1)
+    u = (1 - torch.rand(rows, 1, generator=gen, dtype=torch.float64, device=probs.device)) * cdf[:, -1:]
+    block = torch.searchsorted(cdf, u)
+    before = torch.where(block > 0, cdf.gather(-1, (block - 1).clamp(min=0)), 0.0)
+    cols = block * _BLOCK + torch.arange(_BLOCK, device=probs.device)
+    inner = probs.gather(-1, cols.clamp(max=vocab - 1)).masked_fill(cols >= vocab, 0).cumsum(-1, dtype=torch.float64)
+    # The block's float32 sum and its float64 cumulative sum may differ in the last bits.
+    rest = torch.minimum(u - before, inner[:, -1:])
+    return cols.gather(-1, torch.searchsorted(inner, rest)).squeeze(-1)
