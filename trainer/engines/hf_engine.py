@@ -12,8 +12,8 @@ ids so padding does not shift positions.
 Rows that have finished (EOS) are dropped from the forward once a quarter of the running rows
 are done (`_generate_chunk`): with responses of very different lengths most of a chunk would
 otherwise keep decoding tokens nobody reads. Sampling still draws over every row of the chunk
-(finished rows with their last logits), because torch's sampler consumes the random stream by
-the tensor's shape: the tokens drawn are the same as without dropping rows.
+(finished rows with their last logits), because the sampler (`_draw`) takes one uniform per
+row from the random stream: the tokens drawn are the same as without dropping rows.
 
 The decode steps write each new key/value into a cache allocated once per chunk at its full
 width (`_Preallocated`) instead of HF's default, which concatenates the whole cache with the
