@@ -180,6 +180,9 @@ def test_hf_sampler_draws_each_token_with_its_probability(vocab):
     # The same generator state draws the same tokens (runs are reproducible from the seed).
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     assert torch.equal(_draw(probs.repeat(64, 1), g1), _draw(probs.repeat(64, 1), g2))
+    # Probabilities from NaN logits are refused with a message, as torch.multinomial refused them.
+    with pytest.raises(ValueError, match="not finite"):
+        _draw(torch.full((2, vocab), float("nan")), gen)
 
 
 def test_hf_dropping_finished_rows_keeps_the_samples(tiny):

@@ -302,8 +302,9 @@ def _draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     Why not `torch.multinomial`: for one sample it draws an exponential variate for every
     vocabulary entry (the exponential-race trick), ~100 ms a step for 32 rows at a 152k
     vocabulary on one CPU thread: as long as the model's own forward. This is inverse-CDF
-    sampling with one uniform per row: pick the block of `_BLOCK` entries from the cumulative
-    block sums (float64), then the entry from the block's own cumulative sum (float64), ~1 ms.
+    sampling with one uniform per row: pick the block of `_BLOCK` entries from the blocks'
+    sums (float32) accumulated in float64, then the entry from the block's own float64
+    cumulative sum, ~1 ms.
     An entry of probability 0 (outside top_p's nucleus) is never drawn: the target mass is in
     (0, total], and the first entry whose cumulative mass reaches it has mass of its own.
     """
@@ -313,7 +314,11 @@ def _draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if full < vocab:
         sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True).double()], -1)
     cdf = sums.cumsum(-1)
-    u = (1 - torch.rand(rows, 1, generator=gen, dtype=torch.float64, device=probs.device)) * cdf[:, -1:]
+    total = cdf[:, -1]
+    if not bool((torch.isfinite(total) & (total > 0)).all()):  # multinomial refused these too
+        raise ValueError("the next-token probabilities are not finite or sum to 0 (NaN or inf "
+                         "logits): the model's weights or its inputs have gone bad")
+    u = (1 - torch.rand(rows, 1, generator=gen, dtype=torch.float64, device=probs.device)) * total[:, None]
     block = torch.searchsorted(cdf, u)
     before = torch.where(block > 0, cdf.gather(-1, (block - 1).clamp(min=0)), 0.0)
     cols = block * _BLOCK + torch.arange(_BLOCK, device=probs.device)

@@ -35,8 +35,8 @@ from trainer.algo.losses import entropy_from_logits
 
 # Float32 bytes of one slice of logits; a few such temporaries are alive at once. 256 MiB is
 # ~440 positions at a 152k vocabulary: the head's matmuls run at ~75 % of the CPU's rate there
-# against ~60 % at 64 MiB's ~110 (the v150k update: 109 s against 124 s, +110 MiB peak RSS,
-# docs/results.md 11b); on a GPU it is a rounding error of its memory.
+# against ~60 % at 64 MiB's ~110 (the v150k update: 104.7 s against 122.6 s, the step's peak
+# RSS +208 MiB, docs/results.md 11c); on a GPU it is a rounding error of its memory.
 LOGIT_CHUNK_BYTES = 256 * 2**20
 
 Segment = tuple  # (x, pos | None, head weight | None); see the module docstring
