@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def spec(steps: int) -> dict:
-    return {"name": "two-ranks", "seed": 7,  # as test_distributed_loop: one prebuilt model
+    # Seed 5, its own warm start: with test_lora_loop's seed 7 (one model fewer to build) the
+    # SIGKILL test's job failed once in a full suite and passed alone; kept as CI proved it.
+    return {"name": "two-ranks", "seed": 5,
             "task": {"reasoning_gym": {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
                                        "train_size": 400, "eval_size": 16}},
             "rollout": {"engine": "hf", "max_new_tokens": 24,
@@ -113,7 +115,8 @@ def test_sigkill_of_a_rank_retries_and_resumes_from_the_checkpoint(client: Brorl
     assert len(pids) == 2, pids
     os.kill(pids[-1], signal.SIGKILL)
     done = _final(client, job["id"], stack)
-    assert done["status"] == "succeeded", (done, stack.output()[-6000:])
+    events = [(e["type"], e.get("data")) for e in client.events(job["id"])["data"]]
+    assert done["status"] == "succeeded", (done.get("error"), events, stack.output()[-3000:])
     assert done["attempt"] == 2
     retried = [e for e in client.events(job["id"])["data"] if e["type"] == "retried"]
     assert retried and "rank" in retried[0]["data"]["error"], retried
