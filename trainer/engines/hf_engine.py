@@ -313,14 +313,14 @@ def _draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     sums = probs[:, :full].reshape(rows, -1, _BLOCK).sum(-1).double()
     if full < vocab:
         sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True).double()], -1)
-    cdf = sums.cumsum(-1)
+    cdf = torch.nn.functional.pad(sums.cumsum(-1), (1, 0))  # cdf[:, b]: the mass before block b
     total = cdf[:, -1]
     if not bool((torch.isfinite(total) & (total > 0)).all()):  # multinomial refused these too
         raise ValueError("the next-token probabilities are not finite or sum to 0 (NaN or inf "
                          "logits): the model's weights or its inputs have gone bad")
     u = (1 - torch.rand(rows, 1, generator=gen, dtype=torch.float64, device=probs.device)) * total[:, None]
-    block = torch.searchsorted(cdf, u)
-    before = torch.where(block > 0, cdf.gather(-1, (block - 1).clamp(min=0)), 0.0)
+    block = torch.searchsorted(cdf[:, 1:], u)
+    before = cdf.gather(-1, block)
     cols = block * _BLOCK + torch.arange(_BLOCK, device=probs.device)
     inner = probs.gather(-1, cols.clamp(max=vocab - 1)).masked_fill(cols >= vocab, 0).cumsum(-1, dtype=torch.float64)
     # The block's float32 sum and its float64 cumulative sum may differ in the last bits.
