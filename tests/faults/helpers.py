@@ -131,6 +131,11 @@ def job(job_id: str) -> Job:
         return s.get(Job, job_id)
 
 
+def checkpoint_steps(job_id: str) -> list[int]:
+    with session_scope() as s:
+        return sorted(c.step for c in s.query(Checkpoint).filter_by(job_id=job_id))
+
+
 def event_types(job_id: str) -> list[str]:
     with session_scope() as s:
         return [e.type.value for e in s.query(JobEvent).filter_by(job_id=job_id).order_by(JobEvent.id)]

@@ -13,7 +13,7 @@ import pytest
 
 from store.db import session_scope
 from store.models import JobEvent, JobStatus
-from tests.faults.helpers import assert_consistent, event_types, job, wait_for
+from tests.faults.helpers import assert_consistent, checkpoint_steps, event_types, job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(180)]
 
@@ -21,8 +21,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.
 def test_sigkill_mid_step_resumes_from_the_latest_checkpoint(stack):
     stack.start_worker()
     job_id = stack.submit("fake sleep=1.5 ckpt")
-    wait_for(lambda: job(job_id).step >= 2, 60, "step 2", stack.folder)
-    stack.kill_workers()  # mid step 3, checkpoint of step 2 recorded
+    # The checkpoint row, not the step: step 2's metrics land before its checkpoint is recorded,
+    # and a kill between them rightly resumes from step 1.
+    wait_for(lambda: 2 in checkpoint_steps(job_id), 60, "checkpoint of step 2", stack.folder)
+    stack.kill_workers()  # mid step 3
     assert job(job_id).status == JobStatus.running
     stack.start_worker()  # its beat reaps the expired lease; the job resumes on attempt 2
     wait_for(lambda: job(job_id).status == JobStatus.succeeded, 90, "resumed run", stack.folder)

@@ -74,6 +74,86 @@ def test_a_rank_s_own_error_fails_the_job_under_its_name(tmp_path):
     assert str(e.value) == "no learning for 5 steps"
 
 
+# What torchrun printed in CI when rank 1 was SIGKILLed and rank 0's all-reduce then broke:
+# the survivor is the "root cause", the killed rank one of the other failures.
+SURVIVOR_FIRST_REPORT = """Failures:
+[1]:
+  time      : 2026-12-07_01:22:20
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 5507)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 5507
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-07_01:22:20
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 5506)
+  error_file: <N/A>
+============================================================"""
+GLOO_RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:14723: "
+              "Connection reset by peer. This is typically caused by a remote worker hanging")
+
+
+def _error(control: Path, rank: int, type_: str, message: str, peer_failure: bool) -> None:
+    (control / f"error-{rank}.json").write_text(
+        json.dumps({"type": type_, "message": message, "peer_failure": peer_failure}))
+
+
+def test_a_survivor_s_broken_collective_is_blamed_on_the_killed_rank(tmp_path):
+    control = _control(tmp_path, SURVIVOR_FIRST_REPORT)
+    _error(control, 0, "RuntimeError", GLOO_RESET, True)
+    with pytest.raises(launch.RankDied) as e:
+        launch._outcome(control, 1, False, launch._Relay(tmp_path / "x", ListSink(), None))
+    assert e.value.retryable and (e.value.rank, e.value.exitcode) == (1, -9)
+    # ... but a rank's own error, raised before its peer's collective broke, still fails the job
+    _error(control, 1, "ValueError", "dataset row 7 has no answer", False)
+    with pytest.raises(launch.RankError, match="dataset row 7") as e:
+        launch._outcome(control, 1, False, launch._Relay(tmp_path / "x", ListSink(), None))
+    assert type(e.value).__name__ == "ValueError"
+
+
+def test_the_rank_torchrun_terminated_is_not_the_one_blamed():
+    report = SURVIVOR_FIRST_REPORT.replace("exitcode  : 1 (pid: 5506)", "exitcode  : -15 (pid: 5506)")
+    report = report.replace("[1]:", "[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 5506)\n[1]:", 1)
+    assert launch._dead_rank(report) == (1, -9)
+    assert launch._dead_rank(report, raised={1}) == (0, -15)
+    assert launch._dead_rank("no report") == (None, None)
+
+
+PEER_DIES = """
+import json, os, signal, sys, torch, torch.distributed as dist
+from trainer.dist.collectives import is_peer_failure
+dist.init_process_group("gloo")
+x = torch.ones(4096)
+for i in range(200):
+    if dist.get_rank() == 1 and i == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(x)
+    except Exception as exc:
+        json.dump({"peer": is_peer_failure(exc), "own": is_peer_failure(ValueError("x")),
+                   "message": str(exc)}, open(sys.argv[1], "w"))
+        break
+"""
+
+
+def test_a_gloo_collective_broken_by_a_killed_peer_is_a_peer_failure(tmp_path):
+    """The survivor's real exception, not a copy of its message: gloo's wording may change."""
+    import subprocess
+    import sys
+
+    (tmp_path / "peer_dies.py").write_text(PEER_DIES)
+    out = tmp_path / "seen.json"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                    str(tmp_path / "peer_dies.py"), str(out)], capture_output=True, timeout=120,
+                   cwd=Path(__file__).resolve().parents[2])
+    seen = json.loads(out.read_text())
+    assert seen["peer"] and not seen["own"], seen
+
+
 def test_result_and_a_stop_killed_after_its_grace(tmp_path):
     relay = launch._Relay(tmp_path / "x", ListSink(), None)
     relay.last_step, relay.last_checkpoint = 4, tmp_path / "step-4"

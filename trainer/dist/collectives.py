@@ -55,6 +55,17 @@ def init_from_env(device: torch.device | None = None) -> bool:
     return True
 
 
+# What gloo's TCP transport says when a peer is gone or silent ("Read error ...: Connection reset
+# by peer", "Connection closed by peer", "Timed out waiting ... for recv"): a plain RuntimeError.
+_GLOO_TRANSPORT = "gloo/transport/"
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """`exc` is a collective failing because another rank (or the link to it) went away, not an
+    error of this rank's own: torch's DistError family (NCCL, the store) or gloo's transport."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and _GLOO_TRANSPORT in str(exc))
+
+
 def launched_as_rank() -> bool:
     """This process is one of torchrun's ranks (WORLD_SIZE > 1), whether or not it has joined."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1

@@ -7,11 +7,14 @@ heartbeat and cancel stay here. It talks to the ranks through files in `<out_dir
                 here to the real sink exactly once, in order, as they come
   stop          written here when `should_stop()` turns true; the ranks agree on it at the next
                 step boundary, save and leave; after `BRORL_RANK_STOP_GRACE_S` they are killed
-  result.json   rank 0's TrainResult;  error-<rank>.json  an exception a rank raised
+  result.json   rank 0's TrainResult;  error-<rank>.json  an exception a rank raised, marked
+                `peer_failure` when it was a collective broken by another rank's death
   torchrun.log  torchrun's and the ranks' output
 A `Fenced` from `should_stop()` kills the ranks at once (the job is not ours: nothing may be
 saved). A rank that dies without raising (killed, out of memory) raises `RankDied`, which the
 worker treats as a fault of the machine: the job is retried and resumes from its checkpoint.
+So do ranks whose only errors are peer failures (gloo's "Connection reset by peer" when the
+killed rank's sockets close): a rank's own error, when any rank raised one, fails the job.
 """
 from __future__ import annotations
 
@@ -120,12 +123,20 @@ def _terminate(proc: subprocess.Popen, control: Path) -> None:
         proc.wait()
 
 
-_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_ROOT_CAUSE = re.compile(r"Root Cause.*?" + _FAILURE.pattern, re.S)
 
 
-def _dead_rank(log_text: str) -> tuple[int | None, int | None]:
-    """(rank, exit code) of torchrun's 'Root Cause' report, when it printed one."""
-    m = _ROOT_CAUSE.search(log_text)
+def _dead_rank(log_text: str, raised: set[int] = frozenset()) -> tuple[int | None, int | None]:
+    """(rank, exit code) of the rank that died, from torchrun's failure report: one killed by a
+    signal and not among `raised` (the ranks that wrote an error) first; else the root cause.
+    torchrun's "first observed failure" is often a survivor whose collective broke."""
+    report = log_text[log_text.rfind("Failures:"):] if "Failures:" in log_text else log_text
+    signalled = [(int(m.group(1)), int(m.group(2))) for m in _FAILURE.finditer(report)
+                 if int(m.group(2)) < 0 and int(m.group(1)) not in raised]
+    if signalled:  # SIGTERM last: it is what torchrun sends the survivors
+        return min(signalled, key=lambda f: f[1] == -signal.SIGTERM)
+    m = _ROOT_CAUSE.search(report)
     return (int(m.group(1)), int(m.group(2))) if m else (None, None)
 
 
@@ -184,14 +195,18 @@ def _outcome(control: Path, rc: int, stop_asked: bool, relay: _Relay) -> TrainRe
         if rc != 0:  # e.g. a library thread aborting at interpreter exit: the work is done
             log.warning("torchrun exited %s after the ranks finished; keeping their result", rc)
         return TrainResult.from_json(json.loads(result.read_text()))
-    errors = sorted(control.glob("error-*.json"))
-    if errors:
-        e = json.loads(errors[0].read_text())
+    errors = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in control.glob("error-*.json")}
+    own = [errors[r] for r in sorted(errors) if not errors[r].get("peer_failure")]
+    if own:
         # Named as the rank's own error, so the job's message reads as in one process.
-        raise type(e["type"], (RankError,), {})(e["message"])
+        raise type(own[0]["type"], (RankError,), {})(own[0]["message"])
     if stop_asked:  # killed after the grace period: stopped, its last checkpoint stands
         return TrainResult(steps_completed=relay.last_step, stopped=True, last_eval=None,
                            last_checkpoint=relay.last_checkpoint)
+    # No rank raised an error of its own: one died (a signal, the OOM killer) and the others'
+    # collectives broke on it, or torchrun took them down.
     text = (control / "torchrun.log").read_text(errors="replace")
     log.error("torchrun exited %s; its log ends:\n%s", rc, text[-4000:])
-    raise RankDied(*_dead_rank(text))
+    for r in sorted(errors):
+        log.error("rank %d lost its peers: %s: %s", r, errors[r]["type"], errors[r]["message"][:500])
+    raise RankDied(*_dead_rank(text, set(errors)))

@@ -2,7 +2,9 @@
 
 Joins the process group, then runs the ordinary loop (`trainer.loop.train_in_process`) on the spec in
 `job.json`: rank 0 reports to `sink.jsonl`, the others to nothing; all stop when the launcher
-writes `stop`. See `trainer.dist.launch` for the folder's other files.
+writes `stop`. An exception goes to `error-<rank>.json`, marked `peer_failure` when it is a
+collective broken by another rank's death (the launcher then blames that rank, not this one).
+See `trainer.dist.launch` for the folder's other files.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ def main(control: Path) -> int:
         distributed.barrier()  # leave together: a gloo peer torn down mid-exchange aborts
     except Exception as exc:  # noqa: BLE001 - reported to the launcher, which fails the job
         traceback.print_exc()
-        (control / f"error-{rank}.json").write_text(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+        (control / f"error-{rank}.json").write_text(json.dumps({
+            "type": type(exc).__name__, "message": str(exc), "peer_failure": distributed.is_peer_failure(exc)}))
         return 1
     finally:
         if distributed.active():

@@ -319,7 +319,7 @@ def _draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         raise ValueError("the next-token probabilities are not finite or sum to 0 (NaN or inf "
                          "logits): the model's weights or its inputs have gone bad")
     u = (1 - torch.rand(rows, 1, generator=gen, dtype=torch.float64, device=probs.device)) * total[:, None]
-    block = torch.searchsorted(cdf[:, 1:], u)
+    block = torch.searchsorted(cdf, u) - 1  # u > 0 = cdf[:, 0]: the block b with cdf[b] < u <= cdf[b+1]
     before = cdf.gather(-1, block)
     cols = block * _BLOCK + torch.arange(_BLOCK, device=probs.device)
     inner = probs.gather(-1, cols.clamp(max=vocab - 1)).masked_fill(cols >= vocab, 0).cumsum(-1, dtype=torch.float64)
