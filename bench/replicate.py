@@ -123,7 +123,7 @@ def launch(args, over: dict, stop: dict, out_dir: Path) -> dict:
 def phase_a(args, base: dict) -> dict:
     over = {"rollout": {"schedule": [{"n": args.n_small, "prompts_per_step": args.a_prompts,
                                       "steps": args.a_max_steps}]},
-            "eval": {"every": args.a_eval_every},
+            "eval": {"every": args.a_eval_every, **args.eval_over},
             "checkpoint": {"every": args.a_eval_every, "keep_last": 1}}
     stop = {"kind": "plateau", "min_steps": args.a_min_steps, "patience": args.a_patience,
             "min_delta": args.a_min_delta}
@@ -168,7 +168,7 @@ def phase_b(args, arm: dict, seed: int, checkpoint: str) -> dict:
     over = {"seed": seed, "model": {"path": checkpoint},
             "rollout": {"schedule": [{"n": arm["n"], "prompts_per_step": arm["prompts_per_step"],
                                       "steps": arm["max_steps"]}]},
-            "optim": {"lr": arm["lr"]}, "eval": {"every": arm["eval_every"]},
+            "optim": {"lr": arm["lr"]}, "eval": {"every": arm["eval_every"], **args.eval_over},
             "checkpoint": {"every": 0, "keep_last": 1}}
     out_dir = args.out / "work" / f"{arm['arm']}-seed{seed}"
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -311,10 +311,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--replot", action="store_true", help="redraw replication.png from --out's CSV/JSON")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.quick:
+    args.eval_over = {}
+    if args.quick:  # an evaluation at the start and at the end of each run, 4 samples a prompt
         args.seeds = args.seeds.split(",")[0]
-        args.prompts_small, args.shape, args.budget, args.eval_every_samples = 32, "equal", 1024, 512
-        args.a_prompts, args.a_max_steps, args.a_eval_every, args.a_min_steps, args.a_patience = 8, 2, 1, 1, 1
+        args.prompts_small, args.shape, args.budget, args.eval_every_samples = 32, "equal", 1024, 1024
+        args.a_prompts, args.a_max_steps, args.a_eval_every, args.a_min_steps, args.a_patience = 8, 2, 2, 1, 1
+        args.eval_over = {"samples_per_prompt": 4, "k": [1, 4]}
     args.seeds = [int(s) for s in args.seeds.split(",")]
     return args
 

@@ -91,15 +91,16 @@ def tiny_model_key(spec: JobSpec) -> str:
     """Cache key of the builtin:tiny model for this spec: its task and seed (and the build's
     version, bumped whenever the warm start changes so stale cached models are not reused;
     v3: the stopping probe moved from the eval split to a validation slice of train). The
-    job's grader is left out: the warm start learns the task's answers and stops on its
-    built-in verifier whatever the job's reward (`_warm_started`)."""
-    task = spec.task.model_dump(mode="json", exclude=GRADER_FIELDS)
+    job's reward (grader, binary or score) is left out: the warm start learns the task's
+    answers and stops on its built-in verifier's `correct`, whatever the job's reward
+    (`_warm_started`)."""
+    task = spec.task.model_dump(mode="json", exclude=REWARD_FIELDS)
     key_src = {"task": task, "seed": spec.seed, "v": 3}
     return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
 
 
 WARM_PROBE_SIZE = 64
-GRADER_FIELDS = {"grader", "grader_error_fraction", "grader_error_steps"}
+REWARD_FIELDS = {"reward", "grader", "grader_error_fraction", "grader_error_steps"}
 
 
 def warm_start_probe(task: Task, size: int = WARM_PROBE_SIZE) -> list:

@@ -2,7 +2,6 @@
 python graders run in the sandbox (the route's process never runs the source)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 from fastapi.testclient import TestClient

@@ -23,17 +23,12 @@ from trainer.spec import JobSpec
 CHROMIUM = os.environ.get("BRORL_TEST_CHROMIUM", "/usr/bin/chromium")
 
 
-# The jobs' builtin:tiny model gets a short warm start (100 SFT steps, about a minute here,
-# instead of up to 1200) in the session's BRORL_CACHE_DIR (tests/conftest.py), which the
-# `brorl up` child inherits, so the jobs start in seconds: the dashboard needs numbers that
-# move, not a good model. The key is the trainer's own (task and seed), and the jobs' seed is
-# one no other test uses, so no test gets this weaker model by accident.
-WARM_START_STEPS = 100
-
-
+# The jobs' builtin:tiny model gets the shared capped warm start (tests/support/tinyprebuild.py)
+# in the session's BRORL_CACHE_DIR (tests/conftest.py), which the `brorl up` child inherits, so
+# the jobs start in seconds: the dashboard needs numbers that move, not a good model.
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory) -> Iterator[Stack]:
-    prebuild(JobSpec.model_validate(SPEC_A), sft_steps=WARM_START_STEPS)
+    prebuild(JobSpec.model_validate(SPEC_A))
     # The real trainer (no BRORL_TRAINER_ENTRYPOINT double); one thread leaves a CPU to the
     # browser.
     with running_stack(tmp_path_factory.mktemp("dashboard"), {

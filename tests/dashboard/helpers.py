@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from cli.client import BrorlClient
+from tests.support.tinyprebuild import SHARED_SEED, shared_task
 from tests.support.upstack import Stack
 
 SHOTS = os.environ.get("BRORL_DASHBOARD_SCREENSHOTS")
@@ -20,10 +21,9 @@ def shot(page, name: str, full_page: bool = False) -> None:
 
 def tiny_spec(name: str, schedule: list[dict], *, checkpoint_every: int = 4) -> dict:
     return {
-        "spec_version": 1, "name": name, "seed": 11,
+        "spec_version": 1, "name": name, "seed": SHARED_SEED,
         "model": {"path": "builtin:tiny"},
-        "task": {"reasoning_gym": {"name": "chain_sum", "train_size": 400, "eval_size": 16,
-                                   "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}},
+        "task": shared_task(),
         "rollout": {"engine": "hf", "schedule": schedule, "max_new_tokens": 24},
         "eval": {"every": 2, "samples_per_prompt": 2, "k": [1, 2]},
         "checkpoint": {"every": checkpoint_every, "keep_last": 2},

@@ -6,7 +6,6 @@ test stops it with Ctrl-C (SIGINT) and checks every process it started is gone.
 """
 from __future__ import annotations
 
-import os
 import re
 import signal
 import stat

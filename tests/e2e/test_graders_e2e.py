@@ -10,7 +10,7 @@ import pytest
 from cli.client import BrorlClient
 from trainer.graders import sandbox_layer
 from trainer.spec import JobSpec
-from tests.support.tinyprebuild import prebuild
+from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
 from tests.support.upstack import Stack, running_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
@@ -34,11 +34,9 @@ MULTI = {"type": "multi", "name": "answer and format",
 
 def spec(name: str, grader: dict) -> dict:
     return {
-        "spec_version": 1, "name": name, "seed": 23,  # a seed no other test's tiny model uses
+        "spec_version": 1, "name": name, "seed": SHARED_SEED,
         "model": {"path": "builtin:tiny"},
-        "task": {"reasoning_gym": {"name": "chain_sum", "train_size": 200, "eval_size": 8,
-                                   "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
-                 "grader": grader, "reward": "score"},
+        "task": shared_task(grader=grader, reward="score"),
         "rollout": {"engine": "hf", "max_new_tokens": 24,
                     "schedule": [{"n": 4, "prompts_per_step": 2, "steps": 3}]},
         "algo": {"mini_batches": 1, "dynamic_sampling": False},
@@ -53,7 +51,7 @@ def spec(name: str, grader: dict) -> dict:
 def stack(tmp_path_factory) -> Iterator[Stack]:
     # builtin:tiny's cache key leaves the grader out: one short warm start serves both jobs,
     # found by the worker in the session's BRORL_CACHE_DIR (tests/conftest.py).
-    prebuild(JobSpec.model_validate(spec("warm", PYTHON)), sft_steps=100)
+    prebuild(JobSpec.model_validate(spec("warm", PYTHON)))
     with running_stack(tmp_path_factory.mktemp("graders"), {
             "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1"}) as stack:
         yield stack

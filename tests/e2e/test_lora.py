@@ -11,16 +11,14 @@ import pytest
 import torch
 
 from cli.client import BrorlClient
-from tests.support.tinyprebuild import prebuild
+from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
 from tests.support.upstack import Stack, running_stack
 from trainer.spec import JobSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-SPEC = {"name": "lora-service", "seed": 7,  # test_lora_loop's seed: one prebuilt model
+SPEC = {"name": "lora-service", "seed": SHARED_SEED, "task": shared_task(),  # one prebuilt model
         "model": {"lora": {"rank": 8, "alpha": 16}},
-        "task": {"reasoning_gym": {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
-                                   "train_size": 400, "eval_size": 16}},
         "rollout": {"max_new_tokens": 24, "schedule": [{"n": 8, "prompts_per_step": 4, "steps": 2}]},
         "optim": {"lr": 1e-3}, "algo": {"mini_batches": 2, "micro_batch_tokens": 256},
         "eval": {"every": 2, "samples_per_prompt": 4, "k": [1, 4]},

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli.client import BrorlClient
-from tests.support.tinyprebuild import prebuild
+from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
 from tests.support.upstack import Stack, running_stack
 from trainer.spec import JobSpec
 
@@ -22,11 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def spec(steps: int) -> dict:
-    # Seed 5, its own warm start: with test_lora_loop's seed 7 (one model fewer to build) the
-    # SIGKILL test's job failed once in a full suite and passed alone; kept as CI proved it.
-    return {"name": "two-ranks", "seed": 5,
-            "task": {"reasoning_gym": {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
-                                       "train_size": 400, "eval_size": 16}},
+    return {"name": "two-ranks", "seed": SHARED_SEED, "task": shared_task(),
             "rollout": {"engine": "hf", "max_new_tokens": 24,
                         "schedule": [{"n": 8, "prompts_per_step": 4, "steps": steps}]},
             "optim": {"lr": 1e-4}, "algo": {"mini_batches": 2, "micro_batch_tokens": 256},

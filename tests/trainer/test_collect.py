@@ -3,7 +3,6 @@ over-filled, and an under-filled or empty step is reported rather than hidden.""
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from trainer.prompt_stream import PromptStream
 from trainer.loop import stall_reason

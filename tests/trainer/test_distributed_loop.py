@@ -14,16 +14,14 @@ from pathlib import Path
 import pytest
 
 from store.errors import Fenced
-from tests.support.tinyprebuild import prebuild
+from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
 from trainer.sink import ListSink
 from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.slow
 
 SPEC = {
-    "name": "ranks", "seed": 7,  # test_train_loop's and test_lora_loop's: one prebuilt model
-    "task": {"reasoning_gym": {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
-                               "train_size": 400, "eval_size": 16}},
+    "name": "ranks", "seed": SHARED_SEED, "task": shared_task(),  # one prebuilt model for many tests
     "rollout": {"engine": "hf", "max_new_tokens": 24, "schedule": [{"n": 8, "prompts_per_step": 4, "steps": 6}]},
     "optim": {"lr": 1e-4},
     "algo": {"mini_batches": 2, "micro_batch_tokens": 256, "kl_coef": 1e-3, "ref_reset_every": 3},

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.tinyprebuild import prebuild
+from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
 from trainer.checkpoints.io import latest, verify
 from trainer.sink import ListSink
 from trainer.spec import JobSpec
@@ -15,10 +15,8 @@ from trainer.spec import JobSpec
 pytestmark = pytest.mark.slow
 
 SPEC = {
-    "name": "lora-loop", "seed": 7,
+    "name": "lora-loop", "seed": SHARED_SEED, "task": shared_task(),
     "model": {"lora": {"rank": 8, "alpha": 16}},
-    "task": {"reasoning_gym": {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
-                               "train_size": 400, "eval_size": 16}},
     "rollout": {"engine": "auto", "max_new_tokens": 24, "schedule": [{"n": 8, "prompts_per_step": 4, "steps": 4}]},
     "optim": {"lr": 1e-3},
     "algo": {"mini_batches": 2, "micro_batch_tokens": 256, "kl_coef": 1e-2, "ref_reset_every": 3},

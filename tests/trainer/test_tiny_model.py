@@ -205,3 +205,19 @@ def test_warm_start_probe_refuses_a_task_with_only_eval_questions():
     task = Task(name="t", train=same, eval=same, verifier_spec=VerifierSpec.of("exact"))
     with pytest.raises(ValueError, match="every training question is also an eval question"):
         warm_start_probe(task)
+
+
+def test_cache_key_follows_the_task_and_seed_not_the_job_s_reward():
+    """The warm start stops on the verifier's `correct`, whatever rewards the job: jobs that
+    differ only in their reward share one cached model; another task or seed gets its own."""
+    from trainer.run import tiny_model_key
+    from trainer.spec import JobSpec
+
+    def key(seed: int = 0, **task) -> str:
+        return tiny_model_key(JobSpec.model_validate({"name": "k", "seed": seed, "task": {
+            "reasoning_gym": {"name": "chain_sum", "train_size": 100, "eval_size": 8}, **task}}))
+
+    grader = {"type": "string_check", "name": "tag", "input": "{{ sample.output_text }}",
+              "reference": "</answer>", "operation": "like"}
+    assert key() == key(reward="score") == key(grader=grader, reward="score", grader_error_steps=2)
+    assert len({key(), key(seed=1), key(prompt_template="Q: {question}")}) == 3

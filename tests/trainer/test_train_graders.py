@@ -8,7 +8,7 @@ from trainer.graders.scorer import GraderErrorLimit
 from trainer.sink import ListSink
 from trainer.spec import JobSpec
 
-from tests.support.tinyprebuild import prebuild
+from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(sandbox_layer() == "none", reason="no grader sandbox here")]
@@ -32,10 +32,8 @@ MULTI = {
 
 def grader_spec(grader: dict, steps: int = 2, **task) -> JobSpec:
     return JobSpec.model_validate({
-        "name": "grader-test", "seed": 3,
-        "task": {"reasoning_gym": {"name": "chain_sum", "train_size": 400, "eval_size": 8,
-                                   "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
-                 "grader": grader, "reward": "score", **task},
+        "name": "grader-test", "seed": SHARED_SEED,
+        "task": shared_task(grader=grader, reward="score", **task),
         "rollout": {"engine": "hf", "max_new_tokens": 24,
                     "schedule": [{"n": 4, "prompts_per_step": 2, "steps": steps}]},
         "optim": {"lr": 1e-4},
@@ -49,7 +47,7 @@ def grader_spec(grader: dict, steps: int = 2, **task) -> JobSpec:
 @pytest.fixture(scope="module", autouse=True)
 def tiny_model():
     # One capped warm start serves every test: builtin:tiny's cache key leaves the grader out.
-    prebuild(grader_spec(MULTI), sft_steps=100)
+    prebuild(grader_spec(MULTI))
 
 
 def run(spec, out):

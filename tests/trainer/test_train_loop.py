@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tests.support.tinyprebuild import prebuild
+from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
 from trainer.checkpoints.io import CheckpointError, latest, verify
 from trainer.sink import ListSink
 from trainer.spec import JobSpec
@@ -21,11 +21,8 @@ groups_shortfall underfilled keep_rate_running skipped_updates mini_batch_update
 
 def tiny_spec(**over) -> JobSpec:
     data = {
-        # The seed and task of test_lora_loop, test_distributed_loop and e2e's LoRA and ranks
-        # jobs: one capped warm start (`prebuild`) serves them all in a run of the suite.
-        "name": "loop-test", "seed": 7,
-        "task": {"reasoning_gym": {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
-                                   "train_size": 400, "eval_size": 16}},
+        # One capped warm start (`prebuild`) serves this and the other shared-task tests.
+        "name": "loop-test", "seed": SHARED_SEED, "task": shared_task(),
         "rollout": {"engine": "hf", "max_new_tokens": 24,
                     "schedule": [{"n": 8, "prompts_per_step": 4, "steps": 2}, {"n": 32, "prompts_per_step": 1, "steps": 2}]},
         "optim": {"lr": 1e-4},
