@@ -4,8 +4,9 @@ torch defaults to one OpenMP thread per *physical* core of the machine, ignoring
 affinity mask and the container's cgroup quota. More threads than usable cores spin-wait
 against each other: on this project's 2 shared cores, 2 threads under load made steps 6-10x
 slower than 1 (docs/results.md). So the trainer sets the count itself, once, at the start of a run:
-the fewest of the affinity mask's CPUs and the cgroup `cpu.max` quota (rounded up), unless
-`BRORL_TORCH_THREADS` says otherwise.
+the fewest of the affinity mask's CPUs and the cgroup `cpu.max` quota (rounded up), divided
+among the job's ranks on this node (torchrun's LOCAL_WORLD_SIZE), unless `BRORL_TORCH_THREADS`
+(threads per process) says otherwise.
 """
 from __future__ import annotations
 
@@ -51,10 +52,22 @@ def threads_setting(env: dict[str, str] | None = None) -> int | None:
     return trainer_settings(env).torch_threads
 
 
+def ranks_on_this_node(env: dict[str, str] | None = None) -> int:
+    """The processes sharing this machine's CPUs for one job: torchrun's LOCAL_WORLD_SIZE, 1 outside it."""
+    value = (os.environ if env is None else env).get("LOCAL_WORLD_SIZE", "1")
+    return max(1, int(value)) if value.isdigit() else 1
+
+
 def configure_threads(env: dict[str, str] | None = None) -> int:
-    """Set torch's intra-op thread count (the setting, else the usable CPUs); log and return it."""
+    """Set torch's intra-op thread count (the setting, else the usable CPUs shared out among the
+    job's ranks on this node); log and return it.
+
+    Each rank is a process of its own: 2 ranks on 2 cores with 2 threads each spun against each
+    other and made a 2-rank LoRA step 10-20x slower (5-10 s against 0.4 s with 1 thread each)."""
     setting = threads_setting(env)
-    n = setting or usable_cpus()
+    ranks = ranks_on_this_node(env)
+    n = setting or max(1, usable_cpus() // ranks)
     torch.set_num_threads(n)
-    log.info("torch threads: %d (%s)", n, f"{ENV}" if setting else "usable CPUs: affinity and cgroup quota")
+    log.info("torch threads: %d (%s)", n, f"{ENV}" if setting else
+             "usable CPUs: affinity and cgroup quota" + (f", shared by {ranks} ranks" if ranks > 1 else ""))
     return n

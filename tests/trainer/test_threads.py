@@ -41,3 +41,17 @@ def test_setting_overrides_and_bad_values_fail_clearly():
                 threads_setting({"BRORL_TORCH_THREADS": bad})
     finally:
         torch.set_num_threads(before)
+
+
+def test_ranks_on_one_node_share_its_cpus():
+    """torchrun's ranks are processes of their own: each gets its share, never fewer than 1."""
+    before = torch.get_num_threads()
+    usable = usable_cpus()
+    try:
+        assert configure_threads({"LOCAL_WORLD_SIZE": "1"}) == usable
+        assert configure_threads({"LOCAL_WORLD_SIZE": "2"}) == max(1, usable // 2)
+        assert configure_threads({"LOCAL_WORLD_SIZE": str(usable * 4)}) == 1
+        assert torch.get_num_threads() == 1
+        assert configure_threads({"LOCAL_WORLD_SIZE": "2", "BRORL_TORCH_THREADS": "3"}) == 3  # per process
+    finally:
+        torch.set_num_threads(before)
