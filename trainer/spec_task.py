@@ -71,26 +71,46 @@ class ReasoningGymTask(_Frozen):
         return self
 
 
+DEFAULT_VERIFIER = "exact"
+DEFAULT_NUMERIC_TOLERANCE = 1e-6
+
+
 class DatasetTask(_Frozen):
     id: str = Field(..., min_length=1, max_length=64,
                     description="An uploaded JSONL dataset (ds_..., from POST /v1/datasets).")
-    verifier: Literal["exact", "numeric", "math", "regex"] = Field(
-        "exact", description="How the extracted answer is compared with the row's answer: exact "
-        "(equal after stripping whitespace), numeric (a plain number within numeric_tolerance), "
-        "math (math-verify equivalence; arithmetic left to do is refused) or regex (the answer is "
-        "a Python regular expression that must match the whole extraction).")
+    # verifier and numeric_tolerance default to None ("the default"), not to their values: a
+    # spec is stored with every default written out and re-validated by the worker, so "was it
+    # given?" must be readable from the values themselves (a grader excludes both).
+    verifier: Literal["exact", "numeric", "math", "regex"] | None = Field(
+        None, description="How the extracted answer is compared with the row's answer (`answer`, "
+        "else `reference_answer`): exact (equal after stripping whitespace), numeric (a plain "
+        "number within numeric_tolerance), math (math-verify equivalence; arithmetic left to do "
+        "is refused) or regex (the answer is a Python regular expression that must match the "
+        "whole extraction). null: exact. Not with task.grader, which is then the reward.")
     eval_fraction: float = Field(0.05, gt=0, lt=1, description="Share of the rows held out for "
                                  "evaluation (a seeded split; at least one row on each side).")
-    numeric_tolerance: float = Field(1e-6, ge=0, le=1e6, description="Relative tolerance of the "
-                                     "numeric verifier (absolute when the answer is 0).")
+    numeric_tolerance: float | None = Field(
+        None, ge=0, le=1e6, description=f"Relative tolerance of the numeric verifier (absolute when "
+        f"the answer is 0). null: {DEFAULT_NUMERIC_TOLERANCE:g}. Not with task.grader.")
+
+    @property
+    def verifier_name(self) -> str:
+        """The verifier that scores the rows (the default when none was given)."""
+        return self.verifier or DEFAULT_VERIFIER
+
+    @property
+    def tolerance(self) -> float:
+        """The numeric verifier's tolerance (the default when none was given)."""
+        return DEFAULT_NUMERIC_TOLERANCE if self.numeric_tolerance is None else self.numeric_tolerance
 
 
 class TaskSpec(_Frozen):
     reasoning_gym: ReasoningGymTask | None = Field(
         None, description="A generated reasoning-gym task. Give exactly one of reasoning_gym and dataset.")
     dataset: DatasetTask | None = Field(
-        None, description="An uploaded dataset of {prompt, answer} lines. Give exactly one of "
-                          "reasoning_gym and dataset.")
+        None, description="An uploaded JSONL dataset: {prompt, answer} rows or OpenAI's RFT rows "
+                          "{messages, ...} (docs/graders.md). Give exactly one of reasoning_gym "
+                          "and dataset.")
     prompt_template: str | None = Field(
         None, max_length=20_000,
         description="null: the default prompt asking for the answer inside <answer>...</answer> (a system "
@@ -135,9 +155,11 @@ class TaskSpec(_Frozen):
 
     @model_validator(mode="after")
     def _grader_or_verifier(self) -> "TaskSpec":
+        # On values, never on which fields were set: the stored spec (defaults written out)
+        # must re-validate as the submitted one did (tests/trainer/test_spec_roundtrip.py).
         if self.grader is not None and self.dataset is not None:
             for name in ("verifier", "numeric_tolerance"):
-                if name in self.dataset.model_fields_set:
+                if getattr(self.dataset, name) is not None:
                     raise FieldError(f"task.dataset.{name}", "give either task.grader or the "
                                      "dataset's verifier, not both: the grader is the reward "
                                      "(use a grader of type verifier for a built-in one)")

@@ -118,7 +118,7 @@ def check_rows_for(fh: BinaryIO, task: TaskSpec, max_line_bytes: int) -> None:
     """
     lines = _capped_lines(fh, max_line_bytes)
     if task.grader is None:
-        verifier = task.dataset.verifier
+        verifier = task.dataset.verifier_name
         try:
             for _ in iter_rows(lines, verifier):
                 pass
@@ -166,14 +166,14 @@ def build(spec: DatasetTask, path: Path, seed: int, need_answer: bool = True) ->
     """The uploaded dataset at `path`, split deterministically by `seed` (`need_answer`:
     False when a grader, not the verifier, rewards the job)."""
     with open(path, "rb") as fh:
-        rows = dedupe_by_prompt(validate_jsonl(fh, verifier=spec.verifier, need_answer=need_answer))
+        rows = dedupe_by_prompt(validate_jsonl(fh, verifier=spec.verifier_name, need_answer=need_answer))
     train_idx, eval_idx = split(len(rows), spec.eval_fraction, seed)
     return Task(
         name=spec.id,
         train=[_example(rows[i]) for i in train_idx],
         eval=[_example(rows[i]) for i in eval_idx],
         verifier_spec=VerifierSpec.of(
-            "dataset", verifier=spec.verifier, numeric_tolerance=spec.numeric_tolerance),
+            "dataset", verifier=spec.verifier_name, numeric_tolerance=spec.tolerance),
     )
 
 
