@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from tests.support.upstack import free_port, wait_healthy
 from trainer.graders import grade_batch, run_grader, validate_grader
-from trainer.graders.judges import JUDGES_ENV, JudgeError
+from trainer.graders.judges import ALIASES_ENV, JUDGES_ENV, JudgeError, get_judge, parse_answer
 
 LABEL = {"type": "label_model", "name": "polite", "model": "tiny",
          "input": [{"role": "system", "content": "Is the answer polite?"},
@@ -97,7 +97,33 @@ def test_a_judge_must_be_configured_by_the_operator(monkeypatch):
         result = grade_batch({**LABEL, "model": model}, ["x"], [{"question": "q"}])[0]
         assert result.errors["other_error"] and "configured: tiny" in result.details
     down = grade_batch(LABEL, ["x"], [{"question": "q"}])[0]  # configured, nothing listening
-    assert down.reward == 0.0 and down.errors["other_error"] and "unreachable" in down.details
+    assert down.reward == 0.0 and down.errors["model_grader_server_error"]
+    assert "unreachable" in down.openai_errors()["model_grader_server_error_details"]
+
+
+def test_openai_model_ids_name_a_judge_through_the_operators_mapping(monkeypatch):
+    monkeypatch.setenv(JUDGES_ENV, json.dumps({"tiny": {"base_url": "http://127.0.0.1:9"}}))
+    monkeypatch.setenv(ALIASES_ENV, json.dumps({"gpt-4o-2024-08-06": "tiny"}))
+    grader = validate_grader({**SCORE, "model": "gpt-4o-2024-08-06"})
+    assert get_judge(grader.model).name == "tiny"
+    with pytest.raises(JudgeError, match="no judge named 'o4-mini-2025-04-16'"):
+        validate_grader({**SCORE, "model": "o4-mini-2025-04-16"})  # mapped nowhere
+    monkeypatch.setenv(ALIASES_ENV, json.dumps({"o4-mini-2025-04-16": "big"}))
+    with pytest.raises(JudgeError, match="maps 'o4-mini-2025-04-16' to 'big'"):
+        validate_grader({**SCORE, "model": "o4-mini-2025-04-16"})
+    monkeypatch.setenv(ALIASES_ENV, "[1]")
+    with pytest.raises(JudgeError, match=ALIASES_ENV):
+        validate_grader({**SCORE, "model": "o4-mini-2025-04-16"})
+
+
+def test_judge_answers_parse_in_openais_shape():
+    assert parse_answer('{"result": 0.5, "steps": [{"description": "d", "conclusion": "c"}]}') \
+        == 0.5
+    assert parse_answer('```json\n{"result": "yes", "steps": []}\n```') == "yes"
+    assert parse_answer('Here: {"result": 1}') == 1
+    for bad in ('{"steps": []}', '{"result": 1, "steps": 3}', "nothing", None, "[1]"):
+        with pytest.raises((KeyError, ValueError)):
+            parse_answer(bad)
 
 
 def test_judge_grader_validation_names_the_field():

@@ -22,9 +22,12 @@ from trainer.graders.models import (
 from trainer.graders.sandbox.layer import Limits
 from trainer.graders.sandbox.pool import SandboxPool
 
-ERROR_FLAGS = ("python_grader_runtime_error", "python_grader_server_error",
-               "sample_parse_error", "formula_parse_error", "invalid_variable_error",
-               "truncated_observation_error", "unresponsive_reward_error", "other_error")
+# OpenAI's `metadata.errors` flags (openai-python's GraderRunResponse.MetadataErrors); the
+# `*_details` / `*_type` strings beside them come from `GradeResult.openai_errors`.
+ERROR_FLAGS = ("formula_parse_error", "invalid_variable_error", "model_grader_parse_error",
+               "model_grader_refusal_error", "model_grader_server_error", "other_error",
+               "python_grader_runtime_error", "python_grader_server_error",
+               "sample_parse_error", "truncated_observation_error", "unresponsive_reward_error")
 
 
 @dataclass
@@ -34,6 +37,11 @@ class GradeResult:
     errors: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(ERROR_FLAGS, False))
     details: str = ""
     seconds: float = 0.0
+    # Judge tokens by model (the id the grader named): OpenAI's prompt_tokens,
+    # completion_tokens, total_tokens, cached_tokens.
+    usage: dict[str, dict[str, int]] = field(default_factory=dict)
+    sampled_model_name: str | None = None
+    server_error_type: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -44,26 +52,76 @@ class GradeResult:
         self.details = self.details or details[:2000]
         return self
 
+    def add_usage(self, model: str, usage: dict[str, int]) -> None:
+        if not usage:
+            return
+        mine = self.usage.setdefault(model, {})
+        for key, value in usage.items():
+            mine[key] = mine.get(key, 0) + value
+
+    def absorb(self, sub: "GradeResult") -> None:
+        """A multi's sub-result: its flags, first details, usage and names join this one."""
+        for flag, value in sub.errors.items():
+            self.errors[flag] = self.errors.get(flag, False) or value
+        self.details = self.details or sub.details
+        for model, usage in sub.usage.items():
+            self.add_usage(model, usage)
+        self.sampled_model_name = self.sampled_model_name or sub.sampled_model_name
+        self.server_error_type = self.server_error_type or sub.server_error_type
+
     def openai_errors(self) -> dict[str, Any]:
-        return {**self.errors, "python_grader_runtime_error_details": self.details or None}
+        """OpenAI's `metadata.errors`: every flag, and the details beside the flag they tell of."""
+        out: dict[str, Any] = {flag: bool(self.errors.get(flag)) for flag in ERROR_FLAGS}
+        details = self.details or None
+        out["python_grader_runtime_error_details"] = (
+            details if out["python_grader_runtime_error"] else None)
+        out["model_grader_server_error_details"] = (
+            details if out["model_grader_server_error"] else None)
+        out["python_grader_server_error_type"] = (
+            (self.server_error_type or "sandbox_error") if out["python_grader_server_error"]
+            else None)
+        return out
+
+    def token_usage(self) -> int | None:
+        if not self.usage:
+            return None
+        return sum(u.get("total_tokens", 0) for u in self.usage.values())
 
 
 def make_sample(output: str | dict) -> dict:
-    """OpenAI's `sample` from a completion text (or a dict already in that shape)."""
+    """OpenAI's `sample` from a completion text (or a dict already in that shape).
+
+    `output_json` is the output parsed whenever it is valid JSON (a scalar such as `0.9` or
+    `true` too, as OpenAI's run endpoint does); from a chat completion's `choices`, the first
+    message fills `output_text` and its `tool_calls` fill `output_tools` when not given.
+    """
     if isinstance(output, dict):
         sample = dict(output)
+        message = _first_message(sample.get("choices"))
+        if "output_text" not in sample and isinstance(message.get("content"), str):
+            sample["output_text"] = message["content"]
+        if not sample.get("output_tools") and isinstance(message.get("tool_calls"), list):
+            sample["output_tools"] = message["tool_calls"]
         text = sample.setdefault("output_text", "")
     else:
         text, sample = output, {"output_text": output}
     if "output_json" not in sample:
         try:
-            parsed = json.loads(text)
-            sample["output_json"] = parsed if isinstance(parsed, (dict, list)) else None
+            sample["output_json"] = json.loads(text)
         except (ValueError, TypeError, RecursionError):
             sample["output_json"] = None
-    sample.setdefault("output_tools", [])
+    if sample.get("output_tools") is None:
+        sample["output_tools"] = []
     sample.setdefault("choices", [])
     return sample
+
+
+def _first_message(choices: Any) -> dict:
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        if isinstance(message, dict):
+            return message
+    return {}
 
 
 class GraderRuntime:
@@ -130,9 +188,7 @@ class GraderRuntime:
         for n in range(len(samples)):
             result = GradeResult(sub_rewards={k: r[n].reward for k, r in subs.items()})
             for sub in (r[n] for r in subs.values()):
-                for flag, value in sub.errors.items():
-                    result.errors[flag] |= value
-                result.details = result.details or sub.details
+                result.absorb(sub)
             if result.failed:
                 result.reward = 0.0
             else:
@@ -221,25 +277,30 @@ def _judged(grader, samples: list[dict], items: list[dict]) -> list[GradeResult]
     sampling = grader.sampling_params.model_dump(exclude_none=True)
 
     def call(sample: dict, item: dict):
-        messages = [{"role": m.role, "content": templates.render(m.content, item, sample)}
-                    for m in grader.input]
+        messages = [{"role": m.role, "content": "\n".join(
+            templates.render(text, item, sample) for text in m.texts().values())}
+            for m in grader.input]
         return lambda: judges.ask(judge, messages, sampling, labels, bounds)
 
     out = []
-    for answer, flag, details in judges.ask_all([call(s, i) for s, i in zip(samples, items)]):
-        result = GradeResult()
-        if flag is not None:
-            out.append(result.fail(flag, details))
+    for reply in judges.ask_all([call(s, i) for s, i in zip(samples, items)]):
+        result = GradeResult(sampled_model_name=grader.model)
+        result.add_usage(grader.model, reply.usage)
+        answer = reply.result
+        if reply.flag is not None:
+            out.append(result.fail(reply.flag, reply.details or reply.flag))
             continue
         if labels is not None:
             if answer not in labels:
-                result.fail("sample_parse_error", f"judge label {answer!r} is not one of labels")
+                result.fail("model_grader_parse_error",
+                            f"judge label {answer!r} is not one of labels")
             else:
                 result.reward = float(answer in grader.passing_labels)
         else:
             score = judges.score_of(answer, *grader.range)
             if score is None:
-                result.fail("sample_parse_error", f"judge result {answer!r} is not a number")
+                result.fail("model_grader_parse_error",
+                            f"judge result {answer!r} is not a number")
             else:
                 result.reward = score
         out.append(result)
@@ -248,9 +309,10 @@ def _judged(grader, samples: list[dict], items: list[dict]) -> list[GradeResult]
 
 def _deterministic(grader, sample: dict, item: dict) -> GradeResult:
     result = GradeResult()
-    if _needs_json(grader) and sample.get("output_json") is None:
-        return result.fail("sample_parse_error", "the grader reads sample.output_json, but "
-                                                 "the output is not a JSON object or array")
+    if _needs_json(grader) and not isinstance(sample.get("output_json"), (dict, list)):
+        return result.fail("sample_parse_error", "the grader reads a field of "
+                                                 "sample.output_json, but the output is not a "
+                                                 "JSON object or array")
     text = templates.render(grader.input, item, sample)
     reference = templates.render(grader.reference, item, sample)
     try:
@@ -276,6 +338,7 @@ def _python_result(reply: dict) -> GradeResult:
     if "fault" in reply:
         fault = reply["fault"]
         if fault.startswith("sandbox could not start"):
+            result.server_error_type = "sandbox_unavailable"
             return result.fail("python_grader_server_error", fault)
         if fault == "unresponsive":
             return result.fail("unresponsive_reward_error", "grader stopped responding "
@@ -318,19 +381,19 @@ def grade_batch(grader: Any, samples: Sequence[str | dict], items: Sequence[dict
 
 def run_grader(grader: Any, model_sample: str | dict, item: dict | None = None,
                runtime: GraderRuntime | None = None) -> dict:
-    """OpenAI's /graders/run response for one sample."""
+    """OpenAI's /graders/run response for one sample (openai-python's GraderRunResponse)."""
     grader = parse_grader(grader)
     start = time.perf_counter()
     result = grade_batch(grader, [model_sample], [item or {}], runtime)[0]
     return {
         "reward": result.reward,
         "sub_rewards": result.sub_rewards,
-        "model_grader_token_usage_per_model": {},
+        "model_grader_token_usage_per_model": result.usage,
         "metadata": {
             "name": grader.name, "type": grader.type,
             "execution_time": time.perf_counter() - start,
-            "scores": result.sub_rewards, "token_usage": None,
-            "sampled_model_name": None,
+            "scores": result.sub_rewards, "token_usage": result.token_usage(),
+            "sampled_model_name": result.sampled_model_name,
             "errors": result.openai_errors(),
         },
     }

@@ -1,8 +1,11 @@
 """Grader definitions: OpenAI's reinforcement fine-tuning grader JSON, as pydantic models.
 
-A grader JSON that OpenAI accepts (`string_check`, `text_similarity`, `python`, `multi`)
-validates here unchanged, plus one type of this service's own, `code`, which runs the
-program in a completion against the dataset row's tests. Validation checks everything that
+A grader JSON that OpenAI accepts (`string_check`, `text_similarity`, `python`,
+`score_model`, `label_model`, `multi`) validates here unchanged, as OpenAI's platform took it:
+`name` may be left out (it defaults to the type), judge messages' `content` is a string or
+OpenAI's content parts, `sampling_params` takes OpenAI's keys. Two types are this service's
+own: `code`, which runs the program in a completion against the dataset row's tests, and
+`verifier`, the built-in verifiers. Validation checks everything that
 can be checked without running anything (templates, formulas, the python source's syntax
 and size), so a bad grader is refused with an error naming the field before a job is queued.
 Models are frozen and forbid unknown fields, like the job spec they will live in.
@@ -14,7 +17,9 @@ import difflib
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator,
+    model_validator)
 
 from trainer.graders import formula, templates
 
@@ -28,6 +33,17 @@ class _Grader(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=256)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        # OpenAI's own examples leave `name` out of python and multi graders (its platform
+        # took them): the type is the name then. Filled in before validation, so what is
+        # stored and validated again later is the same grader.
+        if (isinstance(data, dict) and "name" not in data
+                and cls.model_fields["name"].annotation is str):
+            return {**data, "name": str(data.get("type") or "grader")}
+        return data
 
     def templates(self) -> dict[str, str]:
         """Field name -> template source, for the fields that are templates."""
@@ -165,24 +181,107 @@ class VerifierGrader(_Grader):
         return {"answer"}
 
 
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TextPart(_Part):
+    """OpenAI's `input_text` / `output_text` content part: text, a template."""
+
+    type: Literal["input_text", "output_text"]
+    text: str = Field(max_length=templates.MAX_TEMPLATE_CHARS)
+    # The SDK's ResponseInputText carries this for prompt caching; it changes nothing here.
+    prompt_cache_breakpoint: dict[str, Any] | None = None
+
+    _check_text = field_validator("text")(_template)
+
+
+class _RefusedPart(_Part):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    @model_validator(mode="after")
+    def _refuse(self) -> "_RefusedPart":
+        # What a text-only judge cannot read is refused before a job is queued, not sent
+        # to the judge as nothing (a grade that ignored the image would look like a grade).
+        raise ValueError(f"{self.type} content is not supported: the judges on this service "
+                         f"read text only; give the content as input_text")
+
+
+class ImagePart(_RefusedPart):
+    type: Literal["input_image"]
+
+
+class AudioPart(_RefusedPart):
+    type: Literal["input_audio"]
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart, AudioPart], Field(discriminator="type")]
+
+
+def _shape(value: Any) -> str:
+    # Picks the one alternative to validate against, so an error names that one only.
+    if isinstance(value, list):
+        return "parts"
+    return "part" if isinstance(value, (dict, _Part)) else "text"
+
+
+_Item = Annotated[Union[Annotated[str, Tag("text")], Annotated[ContentPart, Tag("part")]],
+                  Discriminator(_shape)]
+Content = Annotated[Union[Annotated[str, Tag("text")], Annotated[ContentPart, Tag("part")],
+                          Annotated[list[_Item], Tag("parts")]], Discriminator(_shape)]
+
+
 class Message(BaseModel):
+    """A judge message: `content` is a template string, one content part or a list of them
+    (strings or parts), as OpenAI's grader inputs take it."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str = Field(max_length=templates.MAX_TEMPLATE_CHARS)
+    content: Content
     type: Literal["message"] | None = None
 
-    _check_content = field_validator("content")(_template)
+    @field_validator("content")
+    @classmethod
+    def _check_content(cls, value):
+        if isinstance(value, str):
+            if len(value) > templates.MAX_TEMPLATE_CHARS:
+                raise ValueError(f"at most {templates.MAX_TEMPLATE_CHARS} characters")
+            return _template(value)
+        if isinstance(value, list):
+            if not 1 <= len(value) <= 64:
+                raise ValueError("a list of 1 to 64 content parts")
+            for part in value:
+                if isinstance(part, str):
+                    _template(part)
+        return value
+
+    def texts(self) -> dict[str, str]:
+        """Field path (under `content`) -> template, for each text in the content."""
+        if isinstance(self.content, str):
+            return {"content": self.content}
+        if isinstance(self.content, TextPart):
+            return {"content.text": self.content.text}
+        return {f"content.{j}" + ("" if isinstance(p, str) else ".text"):
+                p if isinstance(p, str) else p.text for j, p in enumerate(self.content)}
 
 
 class SamplingParams(BaseModel):
+    """The judge's sampling, with OpenAI's keys; `max_tokens` is what OpenAI's own examples
+    send (its platform took it), `max_completions_tokens` what its reference names."""
+
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
     max_completions_tokens: int | None = Field(default=None, ge=1, le=32768)
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=32768)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
+                              "max"] | None = None
+
+    def token_limit(self) -> int | None:
+        return self.max_completions_tokens or self.max_tokens
 
 
 class _ModelGrader(_Grader):
@@ -192,7 +291,8 @@ class _ModelGrader(_Grader):
     input: list[Message] = Field(min_length=1, max_length=32)
 
     def templates(self) -> dict[str, str]:
-        return {f"input.{i}.content": m.content for i, m in enumerate(self.input)}
+        return {f"input.{i}.{path}": text for i, m in enumerate(self.input)
+                for path, text in m.texts().items()}
 
 
 class ScoreModelGrader(_ModelGrader):
@@ -201,6 +301,8 @@ class ScoreModelGrader(_ModelGrader):
     type: Literal["score_model"]
     range: tuple[float, float] = (0.0, 1.0)
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    # OpenAI's examples give one; the reward is the score all the same (a pass in evals).
+    pass_threshold: float | None = None
 
     @field_validator("range")
     @classmethod

@@ -1,7 +1,8 @@
 """The environment variables the graders read, in one place (the operator's business).
 
 Sandbox limits (OpenAI's defaults: 2 GB memory, 2 minutes a call), the unsafe override for
-machines with no isolation layer, the LLM judges a tenant may name, and where WordNet lives.
+machines with no isolation layer, the LLM judges a tenant may name (and the model ids, such as
+OpenAI's, that stand for them), and where WordNet lives.
 Read fresh on each call, so a test or a worker can change them between runs; a bad value is
 a ValueError naming its variable.
 """
@@ -20,8 +21,16 @@ class GraderSettings(BaseSettings):
     grader_tmp_mb: int = Field(256, ge=1, description="size of a sandbox's private /tmp")
     grader_output_kb: int = Field(1024, ge=1, description="what one program may print")
     grader_timeout_s: float = Field(120.0, gt=0, description="wall time per graded sample")
+    grader_api_concurrency: int = Field(4, ge=1, le=256, description="sandboxes the API "
+                                        "runs at once for /graders/run (each call gets its own)")
+    sandbox_uid_base: int = Field(2_000_000_000, ge=1, le=4_294_901_758, description=(
+        "first of the 65,536 uids a root service runs sandboxes as (one per sandbox)"))
+    bwrap_path: str = Field("", description="bubblewrap's binary (default: found on PATH, "
+                                            "/usr/local/bin, /usr/bin, /bin)")
     unsafe_graders: bool = Field(False, description="run graders with no isolation layer")
     judges: str = Field("", description='JSON {"name": {"base_url", "model", ...}} of judges')
+    judge_aliases: str = Field("", description='JSON {"model id": "judge name"}: model ids '
+                                               'graders may name (OpenAI\'s) for a judge')
     wordnet_dir: str = Field("", description="WordNet 3.0 database folder for meteor")
 
 
