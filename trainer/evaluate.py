@@ -53,7 +53,7 @@ def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | N
     from trainer.models.loading import load_policy, resolve_device
     from trainer.run import _encode, model_dir_for
     from trainer.tasks import build_task
-    from trainer.tasks.prompts import render_prompt
+    from trainer.tasks.prompts import render_example
     from trainer.graders.scorer import make_scorer
 
     from trainer.checkpoints.format import MERGED_DIR, is_lora
@@ -65,7 +65,7 @@ def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | N
     with make_scorer(spec, task) as scorer:
         model_dir = Path(model_dir) if model_dir is not None else model_dir_for(spec, task, scorer, stop_check)
         policy, tokenizer = load_policy(model_dir, spec.model.dtype, resolve_device(), master_fp32=False)
-        prompt_ids = _encode(tokenizer, [render_prompt(ex.question, spec.task.prompt_template, tokenizer)
+        prompt_ids = _encode(tokenizer, [render_example(ex, spec.task.prompt_template, tokenizer)
                                          for ex in examples])
         max_len = max(len(p) for p in prompt_ids) + spec.rollout.max_new_tokens
         engine = make_engine(spec.rollout.engine, model_dir, policy, tokenizer, dtype=spec.model.dtype,

@@ -31,7 +31,7 @@ from trainer.spec import TINY_MODEL, JobSpec
 from trainer.stop import never
 from trainer.tasks import build_task
 from trainer.tasks.base import Task
-from trainer.tasks.prompts import render_prompt, target_completion
+from trainer.tasks.prompts import render_example, target_completion
 from trainer.graders.scorer import GraderErrorWatch, make_scorer
 from trainer.tasks.scoring import Scorer
 from trainer.malloc import fix_mmap_threshold
@@ -134,9 +134,9 @@ def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Calla
 
     key = tiny_model_key(spec)
     template = spec.task.prompt_template
-    pairs = [(render_prompt(ex.question, template), target_completion(ex.answer)) for ex in task.train]
+    pairs = [(render_example(ex, template), target_completion(ex.answer)) for ex in task.train]
     probe = warm_start_probe(task)
-    probe_prompts = [render_prompt(ex.question, template) for ex in probe]
+    probe_prompts = [render_example(ex, template) for ex in probe]
     by_prompt = dict(zip(probe_prompts, probe))
 
     def score_fn(prompts: list[str], completions: list[str]) -> list[bool]:
@@ -257,8 +257,8 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     optimizer, state, plans = _optimizer_and_state(spec, models, resume, cdtype)
 
     template = spec.task.prompt_template
-    train_ids = _encode(tokenizer, [render_prompt(ex.question, template, tokenizer) for ex in task.train])
-    eval_ids = _encode(tokenizer, [render_prompt(ex.question, template, tokenizer) for ex in task.eval])
+    train_ids = _encode(tokenizer, [render_example(ex, template, tokenizer) for ex in task.train])
+    eval_ids = _encode(tokenizer, [render_example(ex, template, tokenizer) for ex in task.eval])
     max_len = max(len(p) for p in train_ids + eval_ids) + spec.rollout.max_new_tokens
     engine = make_engine(spec.rollout.engine, models.source, models.engine_model, tokenizer,
                          dtype=spec.model.dtype, seed=spec.seed, max_model_len=max_len,

@@ -1,5 +1,6 @@
-"""Datasets: upload a JSONL file (one JSON object with a string `prompt` a line; any other
-fields, such as `answer` or a code grader's `tests`, are kept for the job's reward), list, show.
+"""Datasets: upload a JSONL file (one JSON object a line: a string `prompt`, or OpenAI's RFT
+`messages`; any other fields, such as `answer`, `reference_answer` or a code grader's `tests`,
+are kept for the job's reward; docs/graders.md, Dataset formats), list, show.
 
 An upload is all-or-nothing. The body streams into a temp file beside the final location
 (`api.upload`: 413 as soon as it passes `settings.max_upload_bytes`), every line is checked
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -49,8 +51,11 @@ _UPLOAD_BODY = {
             "required": ["file"],
             "properties": {
                 "file": {"type": "string", "format": "binary",
-                         "description": 'JSONL: one {"prompt": str, ...} per line; `answer` '
-                                        '(str or number) where the reward reads it.'},
+                         "description": 'JSONL: one {"prompt": str, ...} or OpenAI RFT '
+                                        '{"messages": [...], ...} object per line; `answer` or '
+                                        '`reference_answer` (str or number) where the built-in '
+                                        'verifier reads it. A bad line is a 422 naming the line '
+                                        'and the field.'},
                 "name": {"type": "string", "maxLength": 200,
                          "description": "Defaults to the file's name."},
             },
@@ -121,18 +126,28 @@ def _store(session: Session, settings: Settings, tenant_id: int, upload: Upload,
 async def upload_dataset(request: Request, session: SessionDep, settings: SettingsDep,
                          tenant: TenantDep) -> DatasetPublic:
     """Upload a JSONL dataset (multipart: `file`, optional `name`)."""
+    return await store_upload(request, session, settings, tenant.id)
+
+
+async def store_upload(request: Request, session: Session, settings: Settings, tenant_id: int,
+                       check_fields: Callable[[Upload], None] | None = None) -> DatasetPublic:
+    """Receive, validate and record a multipart JSONL upload: the one upload path of this
+    route and of the OpenAI-shaped `POST /v1/files` (api/openai/files.py), which passes
+    `check_fields` to refuse its other form fields (`purpose`) before anything is stored."""
     # Checked before the body is read, in a short session of its own: the route's session
     # must not hold a connection while a (possibly slow) body streams in.
     with request.app.state.sessionmaker() as quota_session:
-        check_dataset_quota(quota_session, settings, tenant.id)
+        check_dataset_quota(quota_session, settings, tenant_id)
     tmp_dir = dataset_path(settings, "x").parent  # the final folder: the move is a rename
     release = request.app.state.upload_slots.acquire(
-        tenant.id, settings.max_concurrent_uploads_per_tenant)
+        tenant_id, settings.max_concurrent_uploads_per_tenant)
     try:
         upload = await receive_upload(request, tmp_dir, settings.max_upload_bytes)
         try:
+            if check_fields is not None:
+                check_fields(upload)
             name = _dataset_name(upload)
-            return await run_in_threadpool(_store, session, settings, tenant.id, upload, name)
+            return await run_in_threadpool(_store, session, settings, tenant_id, upload, name)
         finally:
             upload.discard()  # a no-op once the file was moved into place
     finally:

@@ -1,11 +1,17 @@
 """Uploaded JSONL datasets: format validation, a seeded train/eval split, and the verifier.
 
-Each line is a JSON object with a string `prompt`; any other JSON fields travel in the
-example's payload (a grader sees the whole row as its `item`). An `answer` (string or number)
-is needed only by what reads it: the built-in verifiers, or a grader whose templates name
-`item.answer`; `check_rows_for` is the submission-time check of a dataset against the job's
-reward. `count_valid_rows` is what the API's upload handler calls, so this module imports
-neither torch nor anything heavy.
+Each line is a JSON object in one of two formats (docs/graders.md, Dataset formats):
+- `{"prompt": str, ...}`: the prompt is rendered with task.prompt_template or the default
+  instruction to answer inside <answer></answer>;
+- OpenAI's reinforcement fine-tuning rows `{"messages": [...], ...}` (a row with `messages`
+  is one, whatever else it holds): the messages are the prompt, verbatim
+  (trainer.tasks.messages renders them).
+Any other JSON fields travel in the example's payload: a grader sees the whole row as its
+`item`. The reference answer, `answer` or else `reference_answer` (a string or a number), is
+needed only by what reads it: the built-in verifiers, or a grader whose templates name it;
+`check_rows_for` is the submission-time check of a dataset against the job's reward.
+`count_valid_rows` is what the API's upload handler calls, so this module imports neither
+torch nor anything heavy.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 
 from trainer.spec import DatasetTask, FieldError, TaskSpec
 from trainer.tasks.base import Example, Task, Verifier, VerifierSpec
+from trainer.tasks.messages import MessagesError, parse_messages, plain_text
 from trainer.tasks.verifiers import ANSWER_CHECKS, VERIFIERS
 
 
@@ -28,6 +35,37 @@ class DatasetFormatError(ValueError):
         super().__init__(f"{where}: {message}")
         self.line_no = line_no
         self.message = message
+
+
+ANSWER_FIELDS = ("answer", "reference_answer")  # the verifier's reference, in this order
+
+
+def answer_field(row: dict) -> str | None:
+    """Which field holds the row's reference answer: `answer`, else OpenAI's
+    `reference_answer`; None when it has neither."""
+    return next((name for name in ANSWER_FIELDS if name in row), None)
+
+
+def row_question(row: dict) -> str:
+    """The row's question as text: its `prompt`, or the plain rendering of its `messages`."""
+    if "messages" in row:
+        return plain_text(parse_messages(row["messages"]))
+    return row["prompt"]
+
+
+def _check_answer(line_no: int, row: dict) -> None:
+    name = answer_field(row)
+    if name is None:
+        raise DatasetFormatError(line_no, "needs a field 'answer' (or 'reference_answer') that is "
+                                 "a non-empty string or a number, for the built-in verifier")
+    value = row[name]
+    # bool is an int in Python but never a sensible answer; NaN/inf cannot be matched.
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if is_number and not math.isfinite(value):
+        raise DatasetFormatError(line_no, f"field '{name}' must be a finite number")
+    if not (is_number or (isinstance(value, str) and value.strip())):
+        raise DatasetFormatError(line_no, f"field '{name}' must be a non-empty string or a number "
+                                 "for the built-in verifier (a grader can read any JSON)")
 
 
 def _row(line_no: int, raw: str | bytes, need_answer: bool = True) -> dict | None:
@@ -47,17 +85,18 @@ def _row(line_no: int, raw: str | bytes, need_answer: bool = True) -> dict | Non
         raise DatasetFormatError(line_no, "is nested too deeply") from None
     if not isinstance(row, dict):
         raise DatasetFormatError(line_no, f"must be a JSON object, got {type(row).__name__}")
-    prompt, answer = row.get("prompt"), row.get("answer")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise DatasetFormatError(line_no, "needs a non-empty string field 'prompt'")
-    if not need_answer:
-        return row
-    # bool is an int in Python but never a sensible answer; NaN/inf cannot be matched.
-    is_number = isinstance(answer, (int, float)) and not isinstance(answer, bool)
-    if is_number and not math.isfinite(answer):
-        raise DatasetFormatError(line_no, "field 'answer' must be a finite number")
-    if not (is_number or (isinstance(answer, str) and answer.strip())):
-        raise DatasetFormatError(line_no, "needs a field 'answer' that is a non-empty string or a number")
+    if "messages" in row:
+        try:
+            parse_messages(row["messages"])
+        except MessagesError as exc:
+            raise DatasetFormatError(line_no, str(exc)) from None
+    else:
+        prompt = row.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise DatasetFormatError(line_no, "needs a non-empty string field 'prompt' or "
+                                     "OpenAI's 'messages' (a list of {role, content})")
+    if need_answer:
+        _check_answer(line_no, row)
     return row
 
 
@@ -73,7 +112,7 @@ def iter_rows(lines: Iterable[str | bytes], verifier: str | None = None,
             continue
         if check is not None:
             try:
-                check(str(row["answer"]))
+                check(str(row[answer_field(row)]))
             except ValueError as exc:
                 raise DatasetFormatError(line_no, str(exc)) from None
         yield row
@@ -137,8 +176,13 @@ def check_rows_for(fh: BinaryIO, task: TaskSpec, max_line_bytes: int) -> None:
 
 
 def _example(row: dict) -> Example:
+    name = answer_field(row)
+    value = row.get(name) if name else ""
+    answer = value if isinstance(value, str) else json.dumps(value)  # a grader may take any JSON
+    if "messages" in row:  # the whole row is the item; the renderer reads payload["messages"]
+        return Example(question=row_question(row), answer=answer, payload=dict(row))
     payload = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
-    return Example(question=row["prompt"], answer=str(row.get("answer", "")), payload=payload)
+    return Example(question=row["prompt"], answer=answer, payload=payload)
 
 
 def split(n: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -156,8 +200,9 @@ def dedupe_by_prompt(rows: list[dict]) -> list[dict]:
     seen: set[str] = set()
     out = []
     for row in rows:
-        if row["prompt"] not in seen:
-            seen.add(row["prompt"])
+        question = row_question(row)
+        if question not in seen:
+            seen.add(question)
             out.append(row)
     return out
 

@@ -37,6 +37,26 @@ def render_prompt(question: str, template: str | None = None, tokenizer: Any = N
     return f"{question}\n{PLAIN_INSTRUCTION}\n"
 
 
+def render_example(example: Any, template: str | None = None, tokenizer: Any = None) -> str:
+    """The text handed to the engine for a task's `Example`.
+
+    An OpenAI RFT row (a dataset row with `messages`, kept whole in the payload) is its own
+    prompt: the messages through the chat template where the tokenizer has one, else their
+    plain text (trainer.tasks.messages.plain_text) and a newline; nothing is added, so a
+    messages dataset rewarded by the built-in verifier asks for <answer></answer> itself. With
+    a template, `{question}` is that plain text. Any other example: `render_prompt`."""
+    messages = example.payload.get("messages") if isinstance(example.payload, dict) else None
+    if messages is None:
+        return render_prompt(example.question, template, tokenizer)
+    if template is not None:
+        return template.replace("{question}", example.question)
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        from trainer.tasks.messages import chat_prompt, parse_messages
+
+        return chat_prompt(parse_messages(messages), tokenizer)
+    return f"{example.question}\n"
+
+
 def _chat_prompt(question: str, tokenizer: Any) -> str:
     messages = [
         {"role": "system", "content": DEFAULT_INSTRUCTION},
