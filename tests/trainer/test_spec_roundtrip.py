@@ -5,7 +5,7 @@ out) in a JSON column, and the worker re-validates that stored dict (`JobSpec.mo
 in worker/runner.py); a probe's spec goes the same way. A validator that looks at which
 fields were *set* (pydantic's `model_fields_set`) sees the stored defaults as set and may
 refuse what the API accepted: an uploaded dataset + grader job was accepted with a 201 and
-then failed at the worker (issue 33). Here hypothesis draws specs over the whole spec space,
+then failed at the worker. Here hypothesis draws specs over the whole spec space,
 built by walking the real pydantic models (every field omitted or drawn from its annotation
 and bounds), with the task's free-form parts (reasoning-gym configs, graders) drawn from valid
 ones, and checks that what was accepted re-validates, after a JSON round trip, to the same
