@@ -31,6 +31,7 @@ from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddlewa
 from api.ratelimit import RateLimitMiddleware
 from api.task_probe import TaskProbe
 from api.routes import checkpoints, datasets, events_metrics, graders, health, jobs, probes, samples
+from api.openai import openai_router
 from api.web import install_dashboard
 
 API_VERSION = "1.0.0"
@@ -48,6 +49,7 @@ def _v1_router() -> APIRouter:
     v1 = APIRouter(prefix="/v1")
     for module in (jobs, events_metrics, samples, checkpoints, datasets, graders, probes):
         v1.include_router(module.router)
+    v1.include_router(openai_router())  # /v1/files, /v1/fine_tuning/...: OpenAI's shapes
     return v1
 
 

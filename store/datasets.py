@@ -1,4 +1,5 @@
-"""Uploaded datasets: one row per JSONL file stored under the artifact dir.
+"""Uploaded datasets: one row per JSONL file stored under the artifact dir (also the OpenAI
+surface's `fine-tune` files, api/openai/files.py).
 
 The API validates and writes the file first (store.artifacts.dataset_path with an id from
 new_dataset_id()), then records it here, so a row never points at a half-written file.
@@ -9,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from store.models import Dataset, new_ulid
+from store.models import Dataset, Job, JobStatus, new_ulid
 
 
 def new_dataset_id() -> str:
@@ -63,3 +64,27 @@ def usage(s: Session, tenant_id: int) -> tuple[int, int]:
         select(func.count(Dataset.id), func.coalesce(func.sum(Dataset.bytes), 0))
         .where(Dataset.tenant_id == tenant_id)).one()
     return int(count), int(nbytes)
+
+
+def active_job_using(s: Session, tenant_id: int, dataset_id: str) -> str | None:
+    """The id of a queued, running or paused job of the tenant that reads this dataset (its
+    worker opens the file when it starts or resumes), or None. The specs are read in Python:
+    a tenant has few such jobs (the job quota), and JSON paths differ between backends."""
+    active = (JobStatus.queued, JobStatus.running, JobStatus.paused)
+    rows = s.execute(select(Job.id, Job.spec).where(Job.tenant_id == tenant_id,
+                                                   Job.status.in_(active)).order_by(Job.id))
+    for job_id, spec in rows:
+        task = (spec or {}).get("task") or {}
+        if (task.get("dataset") or {}).get("id") == dataset_id:
+            return job_id
+    return None
+
+
+def delete_dataset(s: Session, tenant_id: int, dataset_id: str) -> Dataset | None:
+    """Delete the tenant's dataset row and return it (None if unknown); the caller commits,
+    then removes the file at its `uri`, so a row never points at a missing file."""
+    dataset = get_dataset(s, tenant_id, dataset_id)
+    if dataset is not None:
+        s.delete(dataset)
+        s.flush()
+    return dataset

@@ -80,9 +80,14 @@ def latest_checkpoint(s: Session, job_id: str) -> Checkpoint | None:
     return s.scalar(query.order_by(Checkpoint.step.desc()).limit(1))
 
 def list_checkpoints(s: Session, tenant_id: int, job_id: str, after: int | None = None,
-                     limit: int | None = None) -> list[Checkpoint]:
-    """Checkpoints by ascending step, those after step `after`, at most `limit` of them."""
+                     limit: int | None = None, newest_first: bool = False) -> list[Checkpoint]:
+    """Checkpoints by ascending step, those after step `after`, at most `limit` of them
+    (`newest_first`: by descending step, those before step `after`, as OpenAI lists them)."""
     query = _scoped(select(Checkpoint), Checkpoint, tenant_id, job_id)
+    if newest_first:
+        if after is not None:
+            query = query.where(Checkpoint.step < after)
+        return list(s.scalars(query.order_by(Checkpoint.step.desc()).limit(limit)))
     if after is not None:
         query = query.where(Checkpoint.step > after)
     return list(s.scalars(query.order_by(Checkpoint.step).limit(limit)))
@@ -92,10 +97,16 @@ def get_checkpoint(s: Session, tenant_id: int, job_id: str, step: int) -> Checkp
     return s.scalar(query.where(Checkpoint.step == step))
 
 def list_events(
-    s: Session, tenant_id: int, job_id: str, after: int | None = None, limit: int = 100
+    s: Session, tenant_id: int, job_id: str, after: int | None = None, limit: int = 100,
+    newest_first: bool = False,
 ) -> list[JobEvent]:
-    """Events oldest first; `after` is the last event id seen (SSE Last-Event-ID)."""
+    """Events oldest first; `after` is the last event id seen (SSE Last-Event-ID).
+    `newest_first`: newest first, those older than `after` (OpenAI's order)."""
     query = _scoped(select(JobEvent), JobEvent, tenant_id, job_id)
+    if newest_first:
+        if after is not None:
+            query = query.where(JobEvent.id < after)
+        return list(s.scalars(query.order_by(JobEvent.id.desc()).limit(limit)))
     if after is not None:
         query = query.where(JobEvent.id > after)
     return list(s.scalars(query.order_by(JobEvent.id).limit(limit)))

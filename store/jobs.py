@@ -113,6 +113,7 @@ def create_job(
     name: str,
     idempotency_key: str | None = None,
     kind: JobKind = JobKind.train,
+    client_meta: dict[str, Any] | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job (with a `created` event); returns (job, created).
 
@@ -120,8 +121,11 @@ def create_job(
     and one with a different spec raises IdempotencyConflict. Two racing first requests are
     settled by the unique (tenant_id, idempotency_key) constraint: the loser's transaction is
     rolled back and it answers like a retry. `kind` probe: a pass@k probe (id `prb_...`).
+    `client_meta`: what an OpenAI-shaped request said beyond the spec (api/openai); it is part
+    of the idempotency body, so a retry with other metadata is a conflict, not a replay.
     """
-    request_hash = spec_hash(spec) if idempotency_key else None
+    hashed = spec if client_meta is None else {"spec": spec, "client_meta": client_meta}
+    request_hash = spec_hash(hashed) if idempotency_key else None
     if idempotency_key:
         existing = _job_by_key(s, tenant_id, idempotency_key)
         if existing is not None:
@@ -130,6 +134,7 @@ def create_job(
         id=new_id(kind), kind=JobKind(kind), tenant_id=tenant_id, name=name, spec=spec,
         status=JobStatus.queued,
         total_steps=total_steps, idempotency_key=idempotency_key, request_hash=request_hash,
+        client_meta=client_meta,
     )
     s.add(job)
     try:
@@ -160,7 +165,7 @@ def _replay(existing: Job, request_hash: str | None) -> Job:
 
 
 def request_cancel(s: Session, tenant_id: int, job_id: str, kind: JobKind = JobKind.train) -> Job:
-    """Cancel a job: queued -> cancelled now; running -> cancel_requested (the worker stops at
+    """Cancel a job: queued or paused -> cancelled now; running -> cancel_requested (the worker stops at
     its next step); finished -> InvalidTransition naming the state; unknown -> NotFound.
 
     Each branch is a compare-and-set; if a worker claims the job between our read and our
@@ -171,12 +176,13 @@ def request_cancel(s: Session, tenant_id: int, job_id: str, kind: JobKind = JobK
         raise NotFound(f"{'probe' if kind == JobKind.probe else 'job'} {job_id} not found")
     for _ in range(3):
         now = utcnow()
-        if job.status == JobStatus.queued:
-            done = _cas(s, job_id, JobStatus.queued, status=JobStatus.cancelled,
+        if job.status in (JobStatus.queued, JobStatus.paused):  # no worker holds it
+            done = _cas(s, job_id, job.status, status=JobStatus.cancelled,
                         cancel_requested=True, finished_at=now, updated_at=now)
             if done:
                 _event(s, job_id, EventType.cancel_requested)
-                _event(s, job_id, EventType.cancelled, reason="cancelled while queued")
+                _event(s, job_id, EventType.cancelled,
+                       reason=f"cancelled while {job.status.value}")
         elif job.status == JobStatus.running:
             # Only the request that flips the flag logs the event: concurrent cancels of one
             # job write one `cancel_requested` (the others' compare-and-set misses).

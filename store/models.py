@@ -29,6 +29,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -128,6 +129,7 @@ def new_id(kind: "JobKind") -> str:
 class JobStatus(StrEnum):
     queued = "queued"
     running = "running"
+    paused = "paused"  # stopped at a step with its checkpoint; resume queues it again
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
@@ -155,6 +157,9 @@ class EventType(StrEnum):
     broadened = "broadened"  # rollout.broaden started a wider stage on a plateau (trainer.loop)
     progress = "progress"    # a probe's samples done of its total (worker.probe_runner)
     broaden_skipped = "broaden_skipped"  # rollout.broaden trigger probe found too little to broaden for
+    pause_requested = "pause_requested"  # a running job stops at its next step, then `paused`
+    paused = "paused"
+    resumed = "resumed"    # a paused job queued again; the next attempt resumes its checkpoint
 
 
 def _str_enum(cls: type[StrEnum]) -> Enum:
@@ -219,11 +224,15 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    pause_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     step: Mapped[int] = mapped_column(Integer, default=0)
     total_steps: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
     warning: Mapped[str | None] = mapped_column(Text)   # the trainer's latest warning event
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # a probe's figures
+    # What an OpenAI-shaped request said that the spec does not hold (api/openai): metadata,
+    # suffix, validation_file, the hyperparameters as asked. Null for native jobs.
+    client_meta: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str | None] = mapped_column(String(64))
 

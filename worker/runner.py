@@ -14,7 +14,8 @@ be tested without a broker. One run, top to bottom:
    once the job is not ours (so a fenced run saves nothing on its way out). `out_dir` is
    this attempt's own folder (`jobs/<id>/attempt-<n>`): attempts never share files.
 4. finish: succeeded (cancelled if a cancel was requested meanwhile), cancelled (stopped by
-   a cancel), or failed (an exception, with a `failed` event carrying a user message; the
+   a cancel), paused (stopped by a pause, `store.job_pause`: its checkpoint is kept and a
+   resume queues it again), or failed (an exception, with a `failed` event carrying a user message; the
    traceback goes to the worker log only, or the wall-clock limit), after the sink has
    written the rows it buffered during a database outage. An exception marked
    `retryable = True` (a fault of the machine, e.g. `trainer.dist.launch.RankDied` when a rank of
@@ -37,7 +38,7 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import OperationalError
 
-from store import artifacts, datasets, jobs
+from store import artifacts, datasets, job_pause, jobs
 from store.db import session_scope
 from store.errors import Fenced
 from store.model_paths import model_path_problem
@@ -80,6 +81,7 @@ class StopState:
     started: float = field(default_factory=time.monotonic)
     renewed: float = field(default_factory=time.monotonic)  # last lease renewal that landed
     cancel_requested: bool = False
+    pause_requested: bool = False  # store.job_pause: stop like a cancel, end `paused`
     fenced: bool = False
     wall_exceeded: bool = False
     shutdown: bool = False
@@ -100,7 +102,7 @@ class StopState:
         if time.monotonic() - self.started > self.max_wall_seconds:
             self.wall_exceeded = True
         self.shutdown = self.shutdown or _shutdown.is_set()
-        return self.cancel_requested or self.wall_exceeded or self.shutdown
+        return self.cancel_requested or self.pause_requested or self.wall_exceeded or self.shutdown
 
 
 class Heartbeat(threading.Thread):
@@ -120,6 +122,8 @@ class Heartbeat(threading.Thread):
             with session_scope() as s:
                 if jobs.heartbeat(s, self.job_id, self.attempt, self.lease_seconds):
                     self.state.cancel_requested = True
+                if job_pause.pause_requested(s, self.job_id):
+                    self.state.pause_requested = True
             self.state.renewed = sent
         except Fenced:
             log.warning("job %s attempt %s lost its lease", self.job_id, self.attempt)
@@ -202,6 +206,21 @@ def _finish(job_id: str, attempt: int, status: str, error: str | None = None) ->
         log.error("job %s attempt %s: database unreachable, could not record %s (%s)",
                   job_id, attempt, status, error)
         return None
+
+
+def _pause(job_id: str, attempt: int) -> str | None:
+    """End the attempt as `paused` (its checkpoint was saved on the way out); a resume queues
+    it again. None when fenced or the database is unreachable (the reaper then requeues it)."""
+    try:
+        with session_scope() as s:
+            job_pause.pause_attempt(s, job_id, attempt)
+        return "paused"
+    except Fenced:
+        log.warning("job %s attempt %s fenced before it could pause", job_id, attempt)
+    except OperationalError:
+        log.error("job %s attempt %s: database unreachable, could not record the pause",
+                  job_id, attempt)
+    return None
 
 
 def _settings_enqueue(settings: Settings) -> Enqueue:
@@ -293,8 +312,8 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         out_dir.mkdir(parents=True, exist_ok=True)
         _sweep_earlier_attempts(settings, job_id, attempt)
         train = resolve_entrypoint(settings.trainer_entrypoint)
-        train(spec, sink, state.should_stop, resume=_resume_dir(job_id),
-              out_dir=out_dir, dataset_path=_dataset_path(spec, tenant_id))
+        result = train(spec, sink, state.should_stop, resume=_resume_dir(job_id),
+                       out_dir=out_dir, dataset_path=_dataset_path(spec, tenant_id))
         sink.flush()  # rows buffered during a database outage land before the outcome
     except Fenced:
         state.fenced = True
@@ -323,6 +342,10 @@ def _train_and_record(job_id: str, attempt: int, tenant_id: int, spec: Any,
         return None
     if state.cancel_requested:
         return _finish(job_id, attempt, "cancelled")
+    # A pause that arrived after the last step has nothing left to pause: the job succeeded.
+    finished_all = getattr(result, "stopped", True) is False
+    if state.pause_requested and not state.wall_exceeded and not finished_all:
+        return _pause(job_id, attempt)
     if state.wall_exceeded:
         return _finish(job_id, attempt, "failed", WALL_LIMIT_ERROR)
     return _finish(job_id, attempt, "succeeded")

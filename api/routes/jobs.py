@@ -1,4 +1,4 @@
-"""Jobs: create (with Idempotency-Key), list, show, cancel.
+"""Jobs: create (with Idempotency-Key), list, show, cancel, pause, resume.
 
 Creating a job is: validate the spec (FastAPI does it against `JobSpec`; the dataset's owner
 and the GPU count are checked here, and a reasoning-gym config must build a few examples within
@@ -17,12 +17,12 @@ same key with another body is a 409. Replays do not enqueue again: the first req
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
-from store import datasets, jobs
+from store import datasets, job_pause, jobs
 from store.errors import NotFound
 from store.models import Dataset, Job, JobStatus
 from store.model_paths import model_path_problem
@@ -30,7 +30,7 @@ from store.settings import Settings
 from trainer.graders.models import parse_grader
 from trainer.spec import FieldError, JobSpec
 
-from api.deps import EnqueueDep, SessionDep, SettingsDep, TenantDep
+from api.deps import Enqueue, EnqueueDep, SessionDep, SettingsDep, TenantDep
 from api.errors import field_error
 from api.quotas import job_quota_error
 from api.routes.graders import check_runnable
@@ -73,15 +73,12 @@ def job_or_404(session: Session, tenant_id: int, job_id: str) -> Job:
     return job
 
 
-@router.post(
-    "", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
-    responses={200: {"model": JobPublic, "description": "Replay of an Idempotency-Key."},
-               409: {"description": "Idempotency-Key reused with a different body."}},
-)
-def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
-               enqueue: EnqueueDep, request: Request, response: Response,
-               idempotency_key: IdempotencyKey = None) -> JobPublic:
-    """Submit a training job; 201 with the queued job."""
+def submit_job(spec: JobSpec, session: Session, settings: Settings, tenant_id: int,
+               enqueue: Enqueue, request: Request, idempotency_key: str | None = None,
+               client_meta: dict[str, Any] | None = None) -> tuple[Job, bool]:
+    """Check, insert, commit and enqueue a job; returns (job, created). The one creation path
+    of the native route and the OpenAI-shaped one (api/openai/jobs.py): the same checks,
+    quota, idempotency and enqueue. `client_meta` is stored beside the spec (store.jobs)."""
     if (problem := model_path_problem(spec.model.path, settings)) is not None:
         raise field_error("model.path", problem)  # the worker checks the same rule again
     request.app.state.task_probe.check(spec)
@@ -91,28 +88,58 @@ def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant
         served = ", ".join(map(str, settings.gpu_counts))
         raise field_error("resources.gpus_per_node", f"{gpus} GPUs asked; this deployment's "
                           f"workers serve {served} (BRORL_GPU_COUNTS)")
-    over_quota = job_quota_error(session, settings, tenant.id)
+    over_quota = job_quota_error(session, settings, tenant_id)
     dataset = spec.task.dataset
-    stored = None if dataset is None else datasets.get_dataset(session, tenant.id, dataset.id)
+    stored = None if dataset is None else datasets.get_dataset(session, tenant_id, dataset.id)
     if dataset is not None and stored is None:
         raise field_error("task.dataset.id", f"no dataset {dataset.id!r} (upload it first)")
     check_reward(spec, stored, settings)
     job, created = jobs.create_job(
-        session, tenant.id, spec.model_dump(mode="json"), total_steps=spec.total_steps,
-        name=spec.name, idempotency_key=idempotency_key)
+        session, tenant_id, spec.model_dump(mode="json"), total_steps=spec.total_steps,
+        name=spec.name, idempotency_key=idempotency_key, client_meta=client_meta)
     if created and over_quota is not None:  # a replay of an existing job still answers
         session.rollback()
         raise over_quota
     session.commit()
-    public = JobPublic.model_validate(job)
+    if created:
+        try:
+            enqueue(job.id, gpus=gpus)
+        except Exception:  # the job is committed and stays queued; requeue recovers it
+            log.exception("job %s created but could not be enqueued; it stays queued", job.id)
+    return job, created
+
+
+def resume_job(session: Session, settings: Settings, tenant_id: int, job_id: str,
+               enqueue: Enqueue) -> Job:
+    """paused -> queued, committed, then enqueued (store.job_pause); a resumed job needs a
+    free job slot like a new one (a paused job does not hold one)."""
+    job = job_or_404(session, tenant_id, job_id)
+    if job.status == JobStatus.paused and (over := job_quota_error(session, settings, tenant_id)):
+        raise over
+    job = job_pause.resume(session, tenant_id, job_id)
+    session.commit()
+    if job.status == JobStatus.queued:
+        try:
+            enqueue(job.id, gpus=jobs.job_gpus(session, [job.id]).get(job.id, 1))
+        except Exception:  # it stays queued; requeue recovers it
+            log.exception("job %s resumed but could not be enqueued; it stays queued", job.id)
+    return job
+
+
+@router.post(
+    "", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
+    responses={200: {"model": JobPublic, "description": "Replay of an Idempotency-Key."},
+               409: {"description": "Idempotency-Key reused with a different body."}},
+)
+def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
+               enqueue: EnqueueDep, request: Request, response: Response,
+               idempotency_key: IdempotencyKey = None) -> JobPublic:
+    """Submit a training job; 201 with the queued job."""
+    job, created = submit_job(spec, session, settings, tenant.id, enqueue, request,
+                              idempotency_key)
     if not created:
         response.status_code = status.HTTP_200_OK
-        return public
-    try:
-        enqueue(job.id, gpus=gpus)
-    except Exception:  # the job is committed and stays queued; requeue recovers it
-        log.exception("job %s created but could not be enqueued; it stays queued", job.id)
-    return public
+    return JobPublic.model_validate(job)
 
 
 @router.get("", response_model=ListPublic[JobSummary])
@@ -141,3 +168,21 @@ def cancel_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobPublic
     job = jobs.request_cancel(session, tenant.id, job_id)
     session.commit()
     return JobPublic.model_validate(job)
+
+
+@router.post("/{job_id}/pause", response_model=JobPublic,
+             responses={409: {"description": "The job already finished or is being cancelled."}})
+def pause_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobPublic:
+    """Queued: paused at once. Running: `pause_requested` (the worker stops at its next step,
+    keeps its checkpoint, and the job becomes `paused`)."""
+    job = job_pause.request_pause(session, tenant.id, job_id)
+    session.commit()
+    return JobPublic.model_validate(job)
+
+
+@router.post("/{job_id}/resume", response_model=JobPublic,
+             responses={409: {"description": "The job is not paused."}})
+def resume_job_route(job_id: str, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
+                     enqueue: EnqueueDep) -> JobPublic:
+    """A paused job is queued again and resumes from its latest checkpoint."""
+    return JobPublic.model_validate(resume_job(session, settings, tenant.id, job_id, enqueue))

@@ -84,7 +84,7 @@ def test_list_jobs_newest_first_pagination_and_status(session: Session, tenant: 
     queued, _ = jobs.list_jobs(session, tenant.id, limit=10, status=JobStatus("queued"))
     assert len(queued) == 4
     assert jobs.count_jobs_by_status(session) == {
-        "queued": 4, "running": 1, "succeeded": 0, "failed": 0, "cancelled": 0}
+        "queued": 4, "running": 1, "paused": 0, "succeeded": 0, "failed": 0, "cancelled": 0}
 
 
 # --------------------------------------------------------------------------- cancel
