@@ -8,7 +8,9 @@
 #             CUDA build of torch). It needs the NVIDIA container toolkit on the host.
 # The base stage installs the dependencies before copying the source, so code edits do not
 # reinstall them. constraints.txt is not used here: it pins the CPU build of torch.
-# bubblewrap and libseccomp2: the grader sandbox; wordnet-base: the meteor metric's WordNet.
+# bubblewrap and libseccomp2: the grader sandbox; wordnet-base: the meteor metric's WordNet;
+# wordnet-sense-index and liblingua-stopwords-perl: nltk's wordnet and stopwords corpora for
+# python graders (trainer/graders/corpora.py builds them under /usr/local/share/nltk_data).
 
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,6 +21,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     BRORL_ARTIFACT_DIR=/artifacts
 RUN apt-get update \
  && apt-get install -y --no-install-recommends curl bubblewrap libseccomp2 wordnet-base \
+    wordnet-sense-index liblingua-stopwords-perl \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 1000 brorl \
  && mkdir -p /data /artifacts /app \
@@ -31,9 +34,10 @@ RUN mkdir -p api worker trainer store cli migrations \
           cli/__init__.py migrations/__init__.py
 
 FROM base AS api
-RUN pip install . && pip uninstall -y brorl
+# The graders extra: /v1/graders/run runs python graders here too.
+RUN pip install ".[graders]" && pip uninstall -y brorl
 COPY . .
-RUN pip install --no-deps .
+RUN pip install --no-deps . && python -m trainer.graders.corpora
 USER brorl
 EXPOSE 8000
 CMD ["uvicorn", "api.app:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000"]
@@ -41,7 +45,7 @@ CMD ["uvicorn", "api.app:create_app", "--factory", "--host", "0.0.0.0", "--port"
 FROM base AS worker
 RUN pip install ".[gpu]" && pip uninstall -y brorl
 COPY . .
-RUN pip install --no-deps .
+RUN pip install --no-deps . && python -m trainer.graders.corpora
 USER brorl
 # Queue gpu, one job at a time; prefork with a fresh child per job (see cli/server.py).
 CMD ["brorl", "worker", "--queues", "gpu", "--pool", "prefork", "--concurrency", "1"]

@@ -29,6 +29,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 		|| { echo "pip failed; the end of $(VENV)/install.log:"; tail -n 30 $(VENV)/install.log; exit 1; }
 	@echo "[3/3] removing $(UNWANTED)"
 	@$(PY) -m pip uninstall -y -q $(UNWANTED) >/dev/null 2>&1 || true
+	@# nltk's wordnet and stopwords corpora for python graders, from Debian's packages.
+	@$(PY) -m trainer.graders.corpora || true
 	@touch $@
 
 install: $(VENV)/.installed

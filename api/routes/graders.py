@@ -98,5 +98,8 @@ def packages(tenant: TenantDep) -> dict[str, Any]:
     """The Python packages a python grader can import here (name and version)."""
     found = {(d.metadata["Name"] or "").lower(): d.version for d in metadata.distributions()}
     found.pop("", None)
+    from trainer.graders.corpora import available  # nltk corpora a grader can load offline
+
     return {"sandbox": sandbox_layer(),
-            "packages": [{"name": n, "version": v} for n, v in sorted(found.items())]}
+            "packages": [{"name": n, "version": v} for n, v in sorted(found.items())],
+            "nltk_corpora": available()}

@@ -1,8 +1,8 @@
 """The environment variables the graders read, in one place (the operator's business).
 
-Sandbox limits (OpenAI's defaults: 2 GB memory, 2 minutes a call), the unsafe override for
-machines with no isolation layer, the LLM judges a tenant may name (and the model ids, such as
-OpenAI's, that stand for them), and where WordNet lives.
+Sandbox limits (OpenAI's: 2 GB of memory, which is 4 GB of address space here; 2 minutes a
+call), the unsafe override for machines with no isolation layer, the LLM judges a tenant may
+name (and the model ids, such as OpenAI's, that stand for them), and where WordNet lives.
 Read fresh on each call, so a test or a worker can change them between runs; a bad value is
 a ValueError naming its variable.
 """
@@ -17,7 +17,10 @@ PREFIX = "BRORL_"
 class GraderSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore")
 
-    grader_memory_mb: int = Field(2048, ge=64, description="address space of a sandbox")
+    # Address space, not resident memory: OpenAI's grader image's packages imported together
+    # (numpy .. scikit-bio, rdkit) reserve 2.2 GB of it for 0.5 GB resident, so OpenAI's "2 GB
+    # of memory" needs about 4 GB of RLIMIT_AS here.
+    grader_memory_mb: int = Field(4096, ge=64, description="address space of a sandbox")
     grader_tmp_mb: int = Field(256, ge=1, description="size of a sandbox's private /tmp")
     grader_output_kb: int = Field(1024, ge=1, description="what one program may print")
     grader_timeout_s: float = Field(120.0, gt=0, description="wall time per graded sample")
