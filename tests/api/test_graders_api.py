@@ -114,3 +114,48 @@ def test_cli_graders_validate_and_run(app, auth, key, tmp_path, monkeypatch):
         ran = runner.invoke(cli, ["graders", "run", str(grader), "--sample", "7",
                                   "--item", '{"answer": "7"}'])
         assert ran.exit_code == 0 and '"reward": 1.0' in ran.output, ran.output
+
+
+def test_openai_published_graders_validate_unchanged_over_http(graders_client, auth, monkeypatch):
+    import json
+    from pathlib import Path
+
+    from openai.types.fine_tuning.alpha.grader_run_response import GraderRunResponse
+
+    folder = Path(__file__).parents[1] / "trainer" / "openai_published"
+    monkeypatch.setenv("BRORL_JUDGES", '{"judge": {"base_url": "http://127.0.0.1:9/v1"}}')
+    monkeypatch.setenv("BRORL_JUDGE_ALIASES", '{"gpt-4o-2024-08-06": "judge"}')
+    label = json.loads((folder / "api_label_model.json").read_text())  # input_text parts
+    ok = graders_client.post("/v1/graders/validate", json={"grader": label}, headers=auth)
+    assert ok.status_code == 200, ok.text
+    multi = json.loads((folder / "guide_multi_name_email.json").read_text())  # no name
+    ok = graders_client.post("/v1/graders/validate", json={"grader": multi}, headers=auth)
+    assert ok.status_code == 200 and ok.json()["grader"]["name"] == "multi"
+    ran = graders_client.post("/v1/graders/run", headers=auth, json={
+        "grader": multi, "model_sample": '{"name": "John Doe", "email": "j@d.e"}',
+        "item": {"name": "John Doe", "email": "j@d.e"}})
+    assert ran.status_code == 200 and ran.json()["reward"] == 1.0
+    GraderRunResponse.model_validate(ran.json(), strict=True)
+    unmapped = json.loads((folder / "guide_score_model.json").read_text())  # o4-mini
+    refused = graders_client.post("/v1/graders/validate", json={"grader": unmapped},
+                                  headers=auth)
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "grader.model"
+
+
+def test_image_content_is_refused_naming_the_field(graders_client, auth, monkeypatch):
+    monkeypatch.setenv("BRORL_JUDGES", '{"judge": {"base_url": "http://127.0.0.1:9/v1"}}')
+    grader = {"type": "score_model", "model": "judge", "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "Rate {{ sample.output_text }}"},
+        {"type": "input_image", "image_url": "http://169.254.169.254/x.png"}]}]}
+    r = graders_client.post("/v1/graders/validate", json={"grader": grader}, headers=auth)
+    assert r.status_code == 422
+    body = r.json()["error"]
+    assert "input.0.content" in body["field"] and "input_image" in r.text, body
+
+
+def test_packages_list_openai_grader_images_packages(graders_client, auth):
+    body = graders_client.get("/v1/graders/packages", headers=auth).json()
+    names = {p["name"] for p in body["packages"]}
+    assert {"scipy", "pandas", "scikit-learn", "deepdiff", "sqlparse", "jsonschema", "rdkit",
+            "scikit-bio", "ast-grep-py"} <= names
+    assert isinstance(body["nltk_corpora"], list)
