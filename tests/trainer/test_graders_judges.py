@@ -34,7 +34,8 @@ def judge_url(tmp_path_factory):
     from trainer.models.tiny import build_untrained, save_folder
 
     root = tmp_path_factory.mktemp("judge")
-    model, tokenizer = build_untrained(0)
+    # 8192 positions: OpenAI's RFT-guide grader prompt is 5.5k characters (one token each).
+    model, tokenizer = build_untrained(0, max_position_embeddings=8192)
     save_folder(model, tokenizer, root / "model")
     (root / "chat.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     port = free_port()
@@ -42,7 +43,7 @@ def judge_url(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
          str(root / "model"), "--served-model-name", "tiny", "--dtype", "float32",
-         "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "8", "--port", str(port),
+         "--enforce-eager", "--max-model-len", "8192", "--max-num-seqs", "8", "--port", str(port),
          "--chat-template", str(root / "chat.jinja"), "--structured-outputs-config",
          '{"backend": "xgrammar", "disable_any_whitespace": true}'],
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, stdout=log, stderr=log,
@@ -76,6 +77,10 @@ def test_label_model_against_a_real_endpoint(judges):
     response = run_grader(LABEL, "thanks!", {"question": "q"})
     assert response["metadata"]["type"] == "label_model"
     assert not any(v for k, v in response["metadata"]["errors"].items())
+    usage = response["model_grader_token_usage_per_model"]["tiny"]
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    assert response["metadata"]["sampled_model_name"] == "tiny"
+    assert response["metadata"]["token_usage"] == usage["total_tokens"]
 
 
 @pytest.mark.slow
@@ -87,6 +92,39 @@ def test_score_model_against_a_real_endpoint(judges):
     assert all(0.0 <= r.reward <= 1.0 for r in results)
     wide = grade_batch({**SCORE, "range": [2, 7]}, ["x"] * 4, [{}] * 4)
     assert all(2.0 <= r.reward <= 7.0 and not r.failed for r in wide), [r.details for r in wide]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_openais_published_judge_graders_run_unchanged(judge_url, monkeypatch):
+    # The operator maps OpenAI's model ids onto its own judge (here the tiny vLLM server).
+    from openai.types.fine_tuning.alpha.grader_run_response import GraderRunResponse
+
+    from tests.trainer.test_openai_published import FIXTURES, load, openai_judges
+
+    openai_judges(monkeypatch, judge_url)
+    # OpenAI's examples ask up to 32768 tokens; the operator caps them below the context.
+    monkeypatch.setenv(JUDGES_ENV, json.dumps({"judge": {"base_url": judge_url, "model": "tiny",
+                                                         "max_tokens": 48}}))
+    ran = 0
+    for path in FIXTURES:
+        grader, meta = load(path)
+        for case in (c for c in meta["cases"] if c.get("judged")):
+            response = run_grader(grader, case["model_sample"], case["item"])
+            errors = response["metadata"]["errors"]
+            assert not any(v for k, v in errors.items() if isinstance(v, bool)), \
+                (path.name, errors)
+            low, high = case["reward_in"]
+            assert low <= response["reward"] <= high, (path.name, response)
+            # The judge's own usage, under the model id the grader named.
+            usage = response["model_grader_token_usage_per_model"]
+            models = {m for m in json.dumps(grader).split('"') if m in usage}
+            assert models and all(usage[m]["prompt_tokens"] > 0 for m in models), usage
+            assert response["metadata"]["token_usage"] == sum(
+                u["total_tokens"] for u in usage.values())
+            GraderRunResponse.model_validate(response, strict=True)
+            ran += 1
+    assert ran >= 5
 
 
 def test_a_judge_must_be_configured_by_the_operator(monkeypatch):

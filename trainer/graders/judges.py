@@ -2,7 +2,7 @@
 
 A tenant never gives a URL: the grader's `model` names a judge that the operator configured
 in `BRORL_JUDGES`, a JSON object `{"name": {"base_url": ..., "model": ..., "api_key_env":
-..., "timeout_s": ...}}` of OpenAI-compatible endpoints (vLLM's server, a hosted API). So no
+..., "timeout_s": ..., "max_tokens": ...}}` of OpenAI-compatible endpoints (vLLM's server, a hosted API). So no
 tenant can make the service fetch an address of its choosing (server-side request forgery).
 `BRORL_JUDGE_ALIASES`, `{"gpt-4o-2024-08-06": "name", ...}`, lets graders written for OpenAI
 name a configured judge by OpenAI's model ids, unchanged; an id mapped nowhere is refused.
@@ -42,6 +42,9 @@ class Judge:
     model: str
     api_key: str | None = None
     timeout_s: float = 60.0
+    # The operator's cap on an answer's tokens: a grader may ask more (OpenAI's examples ask
+    # 32768, past many servers' context), it gets at most this.
+    max_tokens: int | None = None
 
 
 def configured_judges() -> dict[str, Judge]:
@@ -54,7 +57,8 @@ def configured_judges() -> dict[str, Judge]:
         return {name: Judge(name=name, base_url=str(cfg["base_url"]).rstrip("/"),
                             model=str(cfg.get("model", name)),
                             api_key=os.environ.get(cfg["api_key_env"]) if cfg.get("api_key_env")
-                            else None, timeout_s=float(cfg.get("timeout_s", 60.0)))
+                            else None, timeout_s=float(cfg.get("timeout_s", 60.0)),
+                            max_tokens=int(cfg["max_tokens"]) if cfg.get("max_tokens") else None)
                 for name, cfg in table.items()}
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise JudgeError(f"{JUDGES_ENV} is not a JSON object of "
@@ -113,6 +117,8 @@ def _body(judge: Judge, messages: list[dict], sampling: dict, labels: list[str] 
         if sampling.get(key) is not None:
             body[key] = sampling[key]
     limit = sampling.get("max_completions_tokens") or sampling.get("max_tokens")
+    if judge.max_tokens is not None:
+        limit = min(limit or judge.max_tokens, judge.max_tokens)
     if limit is not None:
         body["max_tokens"] = limit
     return body
