@@ -153,3 +153,15 @@ def test_meteor_is_accepted_when_wordnet_is_there():
     response = run_grader(grader, "the cats sat", {"answer": "the cat sat"})
     assert response["reward"] == pytest.approx(0.9814814814814815)
     GraderRunResponse.model_validate(response, strict=True)
+
+
+@bubblewrap
+def test_this_services_own_types_answer_in_openais_shape_too(runtime):
+    for grader, sample, item in (
+            ({"type": "verifier", "name": "exact"}, "<answer>4</answer>", {"answer": "4"}),
+            ({"type": "code"}, "```python\nprint(int(input()) * 2)\n```",
+             {"tests": [{"stdin": "2\n", "stdout": "4\n"}]})):
+        response = run_grader(grader, sample, item, runtime)
+        assert response["reward"] == 1.0, response
+        checked = GraderRunResponse.model_validate(response, strict=True)
+        assert checked.metadata.name == grader.get("name", grader["type"])
