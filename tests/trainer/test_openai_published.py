@@ -1,5 +1,6 @@
 """OpenAI's published graders, unchanged (tests/trainer/openai_published/*.json, each with its
-source page in the `.source.json` beside it): every one validates here as it is, and the ones
+source page in the `.source.json` beside it: the graders guide, API reference, RFT guide, RFT
+use-case page and the RFT cookbook notebook): every one validates here as it is, and the ones
 that need no judge run with the scores OpenAI's semantics give, their responses checked with
 the official `openai` SDK's own GraderRunResponse type. Python graders run in the real
 bubblewrap sandbox, with the packages and nltk corpora of OpenAI's grader image. The judged
@@ -21,6 +22,13 @@ FIXTURES = sorted(p for p in HERE.glob("*.json") if not p.name.endswith(".source
 bubblewrap = pytest.mark.skipif(sandbox_layer() != "bubblewrap", reason="needs bubblewrap")
 
 
+# The models OpenAI's graders guide lists for model graders.
+OPENAI_GRADER_MODELS = (
+    "gpt-4o-2024-08-06", "gpt-4o-mini-2024-07-18", "gpt-4.1-2025-04-14",
+    "gpt-4.1-mini-2025-04-14", "gpt-4.1-nano-2025-04-14", "o1-2024-12-17", "o3-mini-2025-01-31",
+    "o3-2025-04-16", "o4-mini-2025-04-16")
+
+
 def load(path: Path) -> tuple[dict, dict]:
     return json.loads(path.read_text()), json.loads(path.with_suffix(".source.json").read_text())
 
@@ -28,8 +36,7 @@ def load(path: Path) -> tuple[dict, dict]:
 def openai_judges(monkeypatch, base_url: str = "http://127.0.0.1:9/v1") -> None:
     """An operator's set-up: one judge, named by the OpenAI model ids the graders use."""
     monkeypatch.setenv(JUDGES_ENV, json.dumps({"judge": {"base_url": base_url}}))
-    monkeypatch.setenv(ALIASES_ENV, json.dumps({
-        "gpt-4o-2024-08-06": "judge", "o4-mini-2025-04-16": "judge"}))
+    monkeypatch.setenv(ALIASES_ENV, json.dumps(dict.fromkeys(OPENAI_GRADER_MODELS, "judge")))
 
 
 def expected_reward(case: dict) -> float:
@@ -43,11 +50,12 @@ def expected_reward(case: dict) -> float:
 
 def test_there_are_published_graders_of_every_openai_type():
     types = {load(p)[0]["type"] for p in FIXTURES}
-    assert len(FIXTURES) >= 15
+    assert len(FIXTURES) >= 17
     assert {"string_check", "text_similarity", "python", "score_model", "label_model",
             "multi"} <= types
     for path in FIXTURES:
-        assert load(path)[1]["url"].startswith("https://developers.openai.com/"), path.name
+        assert load(path)[1]["url"].startswith((
+            "https://developers.openai.com/", "https://github.com/openai/")), path.name
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
