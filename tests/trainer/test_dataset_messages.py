@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from trainer.graders.scorer import example_item
-from trainer.spec import DatasetTask
+from trainer.spec import DatasetTask, TaskSpec
 from trainer.tasks import dataset_task
 from trainer.tasks.dataset_task import DatasetFormatError, count_valid_rows, validate_jsonl
 from trainer.tasks.messages import parse_messages, plain_text
@@ -162,3 +162,22 @@ def test_chat_template_rendering():
     # A template that refuses a system role gets it at the head of the first user turn.
     assert render_example(_example(RFT_ROWS[0]), tokenizer=_chat_tokenizer(NO_SYSTEM)) == (
         "<user>Answer with the number only.\n\nWhat is 2 + 3?<assistant>")
+
+
+def _check(rows, grader) -> None:
+    task = TaskSpec(dataset={"id": "ds_x"}, grader=grader)
+    dataset_task.check_rows_for(io.BytesIO(_jsonl(*rows)), task, MAX_LINE)
+
+
+def test_submission_checks_the_fields_of_the_item_the_grader_sees():
+    reads = lambda path: {"type": "string_check", "name": "c", "input": "{{ sample.output_text }}",  # noqa: E731
+                          "reference": "{{ " + path + " }}", "operation": "eq"}
+    # item.question and item.prompt exist for every row; item.answer where a reference does.
+    _check([{"prompt": "p", "answer": 1}, RFT_ROWS[0]], reads("item.question"))
+    _check(RFT_ROWS, reads("item.answer"))
+    _check(RFT_ROWS, {"type": "verifier", "name": "exact"})
+    _check(RFT_ROWS[:2], reads("item.reference_answer"))
+    with pytest.raises(ValueError, match="reads item.answer, but dataset row 1 has no field 'answer'"):
+        _check([RFT_ROWS[0], {"messages": [{"role": "user", "content": "q"}]}], reads("item.answer"))
+    with pytest.raises(ValueError, match="reads item.difficulty, but dataset row 1"):
+        _check(RFT_ROWS, reads("item.difficulty"))

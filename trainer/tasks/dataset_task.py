@@ -169,10 +169,18 @@ def check_rows_for(fh: BinaryIO, task: TaskSpec, max_line_bytes: int) -> None:
 
     fields = sorted(parse_grader(task.grader).item_fields())
     for index, row in enumerate(iter_rows(lines, need_answer=False)):
+        keys = item_keys(row)
         for name in fields:
-            if name not in row:
+            if name not in keys:
                 raise FieldError("task.grader", f"reads item.{name}, but dataset row {index} "
                                  f"has no field {name!r}")
+
+
+def item_keys(row: dict) -> set[str]:
+    """The top-level fields of the `item` a grader sees for `row`
+    (trainer.graders.scorer.example_item): the row's own, `prompt` and `question` always, and
+    `answer` where the row has a reference answer (`answer` or `reference_answer`)."""
+    return set(row) | {"prompt", "question"} | ({"answer"} if answer_field(row) else set())
 
 
 def _example(row: dict) -> Example:
