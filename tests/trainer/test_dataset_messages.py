@@ -8,6 +8,7 @@ import io
 import json
 
 import pytest
+from hypothesis import given, settings, strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -181,3 +182,36 @@ def test_submission_checks_the_fields_of_the_item_the_grader_sees():
         _check([RFT_ROWS[0], {"messages": [{"role": "user", "content": "q"}]}], reads("item.answer"))
     with pytest.raises(ValueError, match="reads item.difficulty, but dataset row 1"):
         _check(RFT_ROWS, reads("item.difficulty"))
+
+
+# Hostile rows: messages-shaped JSON with wrong types, missing keys, unknown roles and parts.
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                  st.text(max_size=6))
+_JSON = st.recursive(_LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                    st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+                     max_leaves=6)
+_PART = st.one_of(_JSON, st.fixed_dictionaries({"type": st.sampled_from(["input_text", "text", "input_image", 3]),
+                                                "text": st.one_of(st.text(max_size=8), _JSON)}))
+_MESSAGE = st.one_of(_JSON, st.fixed_dictionaries(
+    {"role": st.one_of(st.sampled_from(["system", "developer", "user", "assistant", "tool"]), _JSON)},
+    optional={"content": st.one_of(st.text(max_size=8), st.lists(_PART, max_size=3), _JSON)}))
+_ROW = st.one_of(_JSON, st.fixed_dictionaries(
+    {"messages": st.one_of(st.lists(_MESSAGE, max_size=4), _JSON)},
+    optional={"reference_answer": _JSON, "answer": _JSON, "prompt": _JSON}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ROW, min_size=1, max_size=4))
+def test_hostile_rows_are_accepted_and_render_or_are_refused_by_line(rows):
+    data = b"".join(json.dumps(r).encode() + b"\n" for r in rows)  # a str row too is JSON here
+    try:
+        count = count_valid_rows(io.BytesIO(data), MAX_LINE)
+    except DatasetFormatError as exc:
+        assert 1 <= exc.line_no <= len(rows) and str(exc).startswith(f"line {exc.line_no}: ")
+        return
+    assert count == len(rows)
+    for row in rows:
+        ex = dataset_task._example(row)
+        prompt = render_example(ex)
+        assert prompt.endswith("\n") and ex.question.strip()
+        assert example_item(ex)["question"] == ex.question
