@@ -6,14 +6,17 @@
 its rate limit like every /v1 route. Tenant Python and generated programs never run in this
 process: `trainer.graders` sends them to its bubblewrap sandboxes (separate, locked-down
 processes); this process only renders templates and computes the deterministic metrics.
-The sandbox pools are started on the first run that needs them and shared by later calls.
+Each run that needs a sandbox gets sandboxes of its own, killed when it returns (no
+process ever serves two calls, so none serves two tenants); the built-in verifiers' process
+pools (this project's code) are shared, at most four, idle ones closed.
 """
 
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from importlib import metadata
-from typing import Any
+from typing import Any, Iterator
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainer.graders import (
     Grader, GraderRuntime, SandboxUnavailable, needs_sandbox, run_grader, sandbox_layer)
 from trainer.graders.judges import JudgeError, get_judge
+from trainer.graders.settings import grader_settings
+from trainer.graders.verifier_cache import VerifierScorers
 from trainer.graders.models import (
     LabelModelGrader, MultiGrader, ScoreModelGrader, TextSimilarityGrader)
 from trainer.graders.similarity import UnsupportedMetric, check_metric
@@ -31,6 +36,9 @@ from api.errors import ApiError, field_error
 router = APIRouter(prefix="/graders", tags=["graders"])
 _lock = threading.Lock()
 MAX_ITEM_KEYS = 1000
+SLOT_WAIT_S = 10.0
+VERIFIER_IDLE_S = 300.0
+TAG = "brorl-api-grader"  # in every API sandbox's command line (tests look for leftovers)
 
 
 class ValidateRequest(BaseModel):
@@ -63,12 +71,42 @@ def check_runnable(grader: Any, path: str = "grader") -> None:
             check_runnable(sub, f"{path}.graders.{key}")
 
 
-def _runtime(request: Request) -> GraderRuntime:
+def _verifiers(request: Request) -> VerifierScorers:
+    """The process's built-in verifier scorers: this project's code, shared, bounded, idle
+    ones closed (trainer.graders.verifier_cache)."""
     with _lock:
-        runtime = getattr(request.app.state, "grader_runtime", None)
-        if runtime is None:
-            runtime = request.app.state.grader_runtime = GraderRuntime(pool_size=1)
-        return runtime
+        shared = getattr(request.app.state, "grader_verifiers", None)
+        if shared is None:
+            shared = request.app.state.grader_verifiers = VerifierScorers(
+                max_entries=4, idle_s=VERIFIER_IDLE_S)
+        return shared
+
+
+def _sandbox_slots(request: Request) -> threading.BoundedSemaphore:
+    with _lock:
+        slots = getattr(request.app.state, "grader_slots", None)
+        if slots is None:
+            slots = request.app.state.grader_slots = threading.BoundedSemaphore(
+                grader_settings().grader_api_concurrency)
+        return slots
+
+
+@contextmanager
+def call_runtime(request: Request, grader: Any) -> Iterator[GraderRuntime]:
+    """A runtime of this call's own: its sandboxes serve this call alone and are killed when
+    it returns, so nothing one tenant's grader leaves behind meets another's. Calls that
+    need a sandbox hold one of BRORL_GRADER_API_CONCURRENCY slots (a 503 with Retry-After
+    when none frees up within SLOT_WAIT_S), which bounds the sandboxes and their memory."""
+    slots = _sandbox_slots(request) if needs_sandbox(grader) else None
+    if slots is not None and not slots.acquire(timeout=SLOT_WAIT_S):
+        raise ApiError(503, "every grader sandbox of this server is busy; retry shortly",
+                       headers={"Retry-After": "1"})
+    try:
+        with GraderRuntime(pool_size=1, tag=TAG, verifiers=_verifiers(request)) as runtime:
+            yield runtime
+    finally:
+        if slots is not None:
+            slots.release()
 
 
 @router.post("/validate")
@@ -88,7 +126,8 @@ def run(body: RunRequest, request: Request, tenant: TenantDep) -> dict[str, Any]
         raise ApiError(503, "grader sandbox unavailable on this server: python and code "
                             "graders cannot run here (the operator must install bubblewrap)")
     try:
-        return run_grader(body.grader, body.model_sample, body.item, _runtime(request))
+        with call_runtime(request, body.grader) as runtime:
+            return run_grader(body.grader, body.model_sample, body.item, runtime)
     except SandboxUnavailable as exc:
         raise ApiError(503, str(exc)) from None
 

@@ -22,9 +22,9 @@ PY = {"type": "python", "name": "pid",
 def graders_client(app):
     with TestClient(app) as c:
         yield c
-    runtime = getattr(app.state, "grader_runtime", None)
-    if runtime is not None:
-        runtime.close()
+    verifiers = getattr(app.state, "grader_verifiers", None)
+    if verifiers is not None:
+        verifiers.close()
 
 
 def test_validate_returns_the_grader_or_names_the_field(graders_client, auth):

@@ -15,8 +15,8 @@ PY = {"type": "python", "name": "p",
 @pytest.fixture
 def no_bubblewrap(monkeypatch):
     """Neither bubblewrap nor Landlock: no layer meets the bar."""
-    monkeypatch.setattr(layer, "_probe", lambda: False)
-    monkeypatch.setattr(layer, "landlock_abi", lambda: 0)
+    monkeypatch.setattr(layer, "_probe", lambda: layer.LayerStatus(
+        "none", "bubblewrap: not installed; landlock: the kernel has no Landlock"))
 
 
 def test_refused_without_a_layer(no_bubblewrap, monkeypatch):

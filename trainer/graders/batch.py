@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trainer.graders import code, formula, judges, similarity, templates
 from trainer.graders.models import (
@@ -21,6 +21,7 @@ from trainer.graders.models import (
     StringCheckGrader, TextSimilarityGrader, VerifierGrader, parse_grader)
 from trainer.graders.sandbox.layer import Limits
 from trainer.graders.sandbox.pool import SandboxPool
+from trainer.graders.verifier_cache import VerifierScorers
 
 # OpenAI's `metadata.errors` flags (openai-python's GraderRunResponse.MetadataErrors); the
 # `*_details` / `*_type` strings beside them come from `GradeResult.openai_errors`.
@@ -125,15 +126,24 @@ def _first_message(choices: Any) -> dict:
 
 
 class GraderRuntime:
-    """Sandbox pools shared by every batch; close() kills them. Use as a context manager."""
+    """One owner's sandbox pools (a job's, or one API call's: never two tenants'), shared by
+    its batches; close() kills them. Use as a context manager.
+
+    `stop_check` (the trainer's: raises StopRequested on a cancel or a wall limit) is polled
+    while a batch waits on a sandbox, so a stop kills the runners within a fraction of a
+    second. Verifier graders use `verifiers` (bounded; trainer.graders.verifier_cache): the
+    runtime's own, closed with it, or one shared by many runtimes (the API's)."""
 
     def __init__(self, pool_size: int = 2, limits: Limits | None = None,
-                 timeout_s: float | None = None, tag: str = "brorl-grader"):
+                 timeout_s: float | None = None, tag: str = "brorl-grader",
+                 stop_check: Callable[[], None] | None = None,
+                 verifiers: VerifierScorers | None = None):
         self.limits = limits or Limits.from_env()
         self.timeout_s = min(timeout_s or self.limits.timeout_s, self.limits.timeout_s)
-        self.pool_size, self.tag = pool_size, tag
+        self.pool_size, self.tag, self.stop_check = pool_size, tag, stop_check
         self._pools: dict[str, SandboxPool] = {}
-        self._scorers: dict[Any, Any] = {}
+        self._own_verifiers = verifiers is None
+        self.verifiers = verifiers or VerifierScorers(timeout_s=min(self.timeout_s, 30.0))
 
     def pool(self, mode: str) -> SandboxPool:
         if mode not in self._pools:
@@ -144,9 +154,8 @@ class GraderRuntime:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
-        for scorer in self._scorers.values():
-            scorer.close()
-        self._scorers.clear()
+        if self._own_verifiers:
+            self.verifiers.close()
 
     def __enter__(self) -> "GraderRuntime":
         return self
@@ -205,10 +214,13 @@ class GraderRuntime:
         timeout = self.timeout_s
 
         def request(payloads: list) -> dict:
-            return {"source": grader.source, "samples": payloads, "timeout_s": timeout}
+            return {"source": grader.source, "items": payloads, "timeout_s": timeout}
 
+        # The runner kills a sample's process 2 s past its timer; 10 s covers that and a
+        # fresh process's start.
         replies = self.pool("python").map(list(zip(samples, items)), request,
-                                          item_timeout_s=timeout + 5.0, chunk=128)
+                                          item_timeout_s=timeout + 10.0, chunk=128,
+                                          stop_check=self.stop_check)
         return [_python_result(reply) for reply in replies]
 
     def _code(self, grader: CodeGrader, samples, items) -> list[GradeResult]:
@@ -224,10 +236,14 @@ class GraderRuntime:
             jobs.append((n, {"source": program[:code.MAX_PROGRAM_CHARS],
                              "tests": [t.sandbox for t in parsed]}))
             tests.append(parsed)
-        per_program = grader.timeout_s * max((len(t) for t in tests), default=1) + 10.0
+        # A program's tests share the operator's per-sample bound (self.timeout_s), however
+        # many there are; the runner enforces it, this wait only backs it up.
+        longest = grader.timeout_s * max((len(t) for t in tests), default=1)
         replies = self.pool("code").map(
-            [job for _, job in jobs], lambda ps: {"programs": ps, "timeout_s": grader.timeout_s},
-            item_timeout_s=per_program, chunk=8)
+            [job for _, job in jobs],
+            lambda ps: {"items": ps, "timeout_s": grader.timeout_s, "cap_s": self.timeout_s},
+            item_timeout_s=min(longest, self.timeout_s) + 10.0, chunk=8,
+            stop_check=self.stop_check)
         for (n, _), parsed, reply in zip(jobs, tests, replies):
             _code_result(results[n], parsed, reply)
         return results
@@ -235,10 +251,7 @@ class GraderRuntime:
 
     def _verifier(self, grader: VerifierGrader, samples, items) -> list[GradeResult]:
         """The trainer's own verifiers, in their timed, crash-isolated process pool."""
-        from types import SimpleNamespace
-
         from trainer.tasks.base import VerifierSpec
-        from trainer.tasks.scoring import Scorer
         from trainer.tasks.scoring_worker import ERROR, TIMEOUT
 
         if grader.name == "reasoning_gym":
@@ -246,15 +259,12 @@ class GraderRuntime:
         else:
             spec = VerifierSpec.of("dataset", verifier=grader.name,
                                    numeric_tolerance=grader.numeric_tolerance)
-        if spec not in self._scorers:
-            try:
-                self._scorers[spec] = Scorer(SimpleNamespace(verifier_spec=spec),
-                                             reward="score", timeout_s=min(self.timeout_s, 30.0))
-            except Exception as exc:  # noqa: BLE001 - e.g. a config the task refuses
-                why = f"verifier could not be built: {type(exc).__name__}: {exc}"
-                return [GradeResult().fail("other_error", why[:2000]) for _ in samples]
-        done = self._scorers[spec].score_each(
-            [(s["output_text"], str(i.get("answer", "")), i) for s, i in zip(samples, items)])
+        rows = [(s["output_text"], str(i.get("answer", "")), i) for s, i in zip(samples, items)]
+        try:
+            done = self.verifiers.score_each(spec, rows)
+        except Exception as exc:  # noqa: BLE001 - e.g. a config the task refuses
+            why = f"verifier could not be built: {type(exc).__name__}: {exc}"
+            return [GradeResult().fail("other_error", why[:2000]) for _ in samples]
         out = []
         for score, status in done:
             result = GradeResult(reward=float(score))

@@ -1,35 +1,39 @@
 """Which isolation layer grader sandboxes use here, and the command line that starts one.
 
+Threat model (docs/hardening.md, "Tenant code"): a grader, a generated program or a tool is
+hostile. It must not see, change or stop anything outside its own sandbox: another tenant's
+grading, the service, the host. Every layer runs the sandbox
+- as an unprivileged uid of its own when the service is root (one uid per sandbox, taken from
+  BRORL_SANDBOX_UID_BASE's range, so RLIMIT_NPROC counts that sandbox alone and no two
+  sandboxes share an identity), never as root and with no capability;
+- with no new privileges, an empty environment and rlimits;
+- with tenant code only in short-lived children of the runner, each locked down by an
+  allow-list seccomp filter (runner.py) whose process-directed calls (kill, prlimit, priority,
+  scheduling) reach the calling process alone.
 Layers, best first:
-- "bubblewrap": Debian's `bwrap` in fresh user, pid, network, IPC, UTS and cgroup
-  namespaces: no network at all (not even 127.0.0.1), a filesystem of read-only binds of
-  the Python installation only (no data dir, database, artifacts or keys), an empty
-  environment, a size-capped private tmpfs as the only writable place, a new session (no
-  TIOCSTI), all capabilities dropped, and death with its parent (the pid namespace takes
-  every process in it down). Inside, the runner adds rlimits and a seccomp filter.
-- "landlock": for containers without user namespaces. The runner starts with an empty
-  environment and restricts itself with Landlock (read-only access to the Python
-  installation and libraries, nothing writable, no TCP, no signals outside), rlimits and a
-  seccomp filter that also forbids every socket. There is no private /tmp (graders cannot
-  write files) and no pid namespace (the filter forbids creating processes instead).
-- "unsafe": no isolation layer works here and the operator set BRORL_UNSAFE_GRADERS=1. The
-  runner still runs with an empty environment, rlimits and the seccomp filter (no sockets,
-  no fork/exec), but it can read whatever the worker's user can read. Documented as unsafe.
-- "none": nothing meets the bar; anything that needs a sandbox is refused (SandboxUnavailable).
-Both real layers are verified by the same attack tests (tests/sandbox/).
-`sandbox_layer()` probes once per process (a real bwrap start) and is what /readyz and the
-worker's start log report.
+- "bubblewrap": `bwrap` (found wherever the operator installed it) in fresh user, pid, network,
+  IPC, UTS and cgroup namespaces: no network, a filesystem of read-only binds of the Python
+  installation, a read-only /dev of null/zero/full/random/urandom, a size-capped private /tmp
+  as the only writable place, a new session, death with its parent.
+- "landlock": for containers without user namespaces. Landlock confines the runner to reading
+  the Python installation (nothing writable, no TCP, no signals outside); there is no private
+  /tmp and no pid namespace: the seccomp filter's self-only rules stand in for it.
+- "unsafe": no layer meets the bar and the operator set BRORL_UNSAFE_GRADERS=1: the same uid
+  drop, rlimits and filter, but the files the sandbox uid can read are readable. Unsafe.
+- "none": anything that needs a sandbox is refused (SandboxUnavailable), and /readyz says why.
+A layer counts only after a real runner started on it graded a sample (`layer_status`).
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import os
+import random
 import shutil
 import site
-import subprocess
+import stat
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +42,13 @@ from trainer.graders.settings import grader_settings
 RUNNER = Path(__file__).with_name("runner.py")
 SANDBOX_RUNNER = "/sandbox/runner.py"
 UNSAFE_ENV = "BRORL_UNSAFE_GRADERS"
+UID_RANGE = 65536
+# Native libraries start no thread pools of their own (each thread counts against the
+# sandbox's process limit, and graders are single-threaded work).
+THREAD_ENV = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                     "MKL_NUM_THREADS", "NUMEXPR_MAX_THREADS")}
+BWRAP_DIRS = ("/usr/local/bin", "/usr/bin", "/bin", "/usr/local/sbin", "/usr/sbin")
+DEVICES = ("null", "zero", "full", "random", "urandom")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -53,7 +64,7 @@ class Limits:
     output_bytes: int = 1024**2     # what one program may print (code graders)
     file_bytes: int = 64 * 1024**2  # RLIMIT_FSIZE: any one file, grader stdout included
     processes: int = 64
-    timeout_s: float = 120.0
+    timeout_s: float = 120.0        # the operator's per-sample bound: every program and call
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -63,9 +74,67 @@ class Limits:
                    tmp_bytes=cfg.grader_tmp_mb * 1024**2,
                    output_bytes=cfg.grader_output_kb * 1024, timeout_s=cfg.grader_timeout_s)
 
-    def runner_json(self) -> str:
-        return json.dumps({"memory_bytes": self.memory_bytes, "output_bytes": self.output_bytes,
-                           "file_bytes": self.file_bytes, "processes": self.processes})
+    def runner_config(self) -> dict:
+        return {"memory_bytes": self.memory_bytes, "output_bytes": self.output_bytes,
+                "file_bytes": self.file_bytes, "processes": self.processes}
+
+
+# ------------------------------------------------------------------ who the sandbox runs as
+
+_uids_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+
+
+def take_uid() -> int | None:
+    """A uid of its own for one sandbox when this service is root; None otherwise (a
+    non-root service cannot change uid: its sandboxes run as itself, held by the filter)."""
+    if os.geteuid() != 0:
+        return None
+    base = grader_settings().sandbox_uid_base
+    with _uids_lock:
+        while True:
+            uid = base + random.randrange(UID_RANGE)
+            if uid not in _uids_in_use:
+                _uids_in_use.add(uid)
+                return uid
+
+
+def release_uid(uid: int | None) -> None:
+    with _uids_lock:
+        _uids_in_use.discard(uid)
+
+
+def _tasks_of_uid(uid: int) -> int:
+    """Threads the uid runs now: RLIMIT_NPROC counts them with the sandbox's own."""
+    total = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            total += int(fields.get("Threads", "1"))
+    return total
+
+
+def process_limit(limits: Limits, uid: int | None) -> int:
+    """RLIMIT_NPROC for a sandbox: its own processes and threads when it has a uid of its
+    own; on a non-root service (shared uid) the service's current count is added."""
+    return limits.processes if uid is not None else limits.processes + _tasks_of_uid(os.getuid())
+
+
+# ------------------------------------------------------------------ command lines
+
+def bwrap_binary() -> str | None:
+    """bubblewrap's absolute path: BRORL_BWRAP_PATH, else PATH and the usual folders."""
+    configured = grader_settings().bwrap_path
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    search = os.pathsep.join([os.environ.get("PATH", ""), *BWRAP_DIRS])
+    return shutil.which("bwrap", path=search)
 
 
 def _python_paths() -> list[str]:
@@ -84,12 +153,31 @@ def _python_paths() -> list[str]:
     return out
 
 
-def bwrap_command(limits: Limits) -> list[str]:
-    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+def unreachable_for_others() -> list[str]:
+    """Folders on the way to the Python installation or the runner that a uid other than
+    their owner cannot pass (a sandbox uid cannot start from there): `chmod o+x` them."""
+    targets = _python_paths() + [str(RUNNER.parent)]
+    out = []
+    for target in targets:
+        path = Path(target)
+        for folder in [*reversed(path.parents), path]:
+            try:
+                mode = folder.stat().st_mode
+            except OSError:
+                continue
+            if not mode & stat.S_IXOTH and str(folder) not in out:
+                out.append(str(folder))
+    return out
+
+
+def bwrap_command(limits: Limits, bwrap: str = "bwrap") -> list[str]:
+    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
            "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
            "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
            "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
            "--ro-bind", "/usr", "/usr"]
+    for name, value in THREAD_ENV.items():
+        cmd += ["--setenv", name, value]
     for name in ("lib", "lib64", "lib32", "bin", "sbin"):
         if os.path.islink(f"/{name}"):
             cmd += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
@@ -102,7 +190,12 @@ def bwrap_command(limits: Limits) -> list[str]:
     cmd += ["--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
     for path in _python_paths():
         cmd += ["--ro-bind", path, path]
-    cmd += ["--proc", "/proc", "--dev", "/dev",
+    # A /dev of the harmless character devices only, read-only: bwrap's --dev adds a
+    # writable /dev/shm (half of RAM, outside the /tmp cap) and a pty multiplexer.
+    cmd += ["--proc", "/proc", "--size", "65536", "--tmpfs", "/dev"]
+    for name in DEVICES:
+        cmd += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    cmd += ["--symlink", "/proc/self/fd", "/dev/fd", "--remount-ro", "/dev",
             "--ro-bind", str(RUNNER), SANDBOX_RUNNER, "--chdir", "/tmp",
             # bwrap's root is a writable tmpfs (it holds the mount points): make it
             # read-only, so /tmp is the one writable place.
@@ -112,6 +205,8 @@ def bwrap_command(limits: Limits) -> list[str]:
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 where there is none."""
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return max(0, int(libc.syscall(444, None, 0, 1)))  # LANDLOCK_CREATE_RULESET_VERSION
@@ -128,38 +223,46 @@ def landlock_reads() -> list[str]:
     return sorted(set(reads))
 
 
-def runner_command(layer: str, mode: str, limits: Limits) -> list[str]:
-    """argv that starts a runner in `mode` under `layer`."""
+def runner_command(layer: str, mode: str, limits: Limits, uid: int | None = None) -> list[str]:
+    """argv that starts a runner in `mode` under `layer`, for a sandbox running as `uid`."""
     python = [sys.executable, "-I", "-B"]
+    config = {**limits.runner_config(), "nproc": process_limit(limits, uid)}
     if layer == "bubblewrap":
-        return bwrap_command(limits) + python + [SANDBOX_RUNNER, mode, limits.runner_json()]
+        bwrap = bwrap_binary()
+        if bwrap is None:
+            raise SandboxUnavailable(unavailable_message())
+        config["private_tmp"] = True
+        return bwrap_command(limits, bwrap) + python + [SANDBOX_RUNNER, mode, json.dumps(config)]
+    # No bwrap between: the runner itself dies with this process (checked at its start).
+    config["parent"] = os.getpid()
     if layer == "landlock":
-        config = json.loads(limits.runner_json())
         config["landlock"] = landlock_reads()
         return python + [str(RUNNER), mode, json.dumps(config)]
     if layer == "unsafe":
-        return python + [str(RUNNER), mode, limits.runner_json()]
+        return python + [str(RUNNER), mode, json.dumps(config)]
     raise SandboxUnavailable(unavailable_message())
 
 
 def runner_env(layer: str) -> dict[str, str]:
-    # bwrap clears the environment itself; the unsafe layer gets the same empty one.
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if layer != "bubblewrap" else {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    # bwrap clears the environment itself (--clearenv, --setenv); the others get this one.
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", **THREAD_ENV}
 
 
-def _bwrap_works() -> bool:
-    if shutil.which("bwrap") is None:
-        return False
-    probe = bwrap_command(Limits()) + [sys.executable, "-I", "-c", "import pyseccomp"]
-    try:
-        done = subprocess.run(probe, capture_output=True, timeout=30, env=runner_env("bwrap"))
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+# ------------------------------------------------------------------ which layer works here
+
+@dataclass(frozen=True)
+class LayerStatus:
+    layer: str          # bubblewrap, landlock, unsafe or none
+    reason: str = ""    # why a better layer is not used ("" when bubblewrap works)
 
 
-@functools.lru_cache(maxsize=1)
+def _starts(layer: str) -> str:
+    """'' when a real runner on `layer` grades a sample, else why not."""
+    from trainer.graders.sandbox.pool import probe_runner
+
+    return probe_runner(layer)
+
+
 def _pyseccomp_loads() -> bool:
     try:
         import pyseccomp  # noqa: F401 - loads libseccomp through ctypes
@@ -168,28 +271,55 @@ def _pyseccomp_loads() -> bool:
     return True
 
 
+def _why_not(layer: str) -> str:
+    if layer == "bubblewrap" and bwrap_binary() is None:
+        return "bubblewrap is not installed (apt-get install bubblewrap, or BRORL_BWRAP_PATH)"
+    if layer == "landlock" and landlock_abi() < 1:
+        return "the kernel has no Landlock"
+    if not _pyseccomp_loads():
+        return "libseccomp cannot be loaded (apt-get install libseccomp2)"
+    failed = _starts(layer)
+    if failed and os.geteuid() == 0 and unreachable_for_others():
+        failed += ("; the sandbox's uid cannot reach the Python installation through "
+                   + ", ".join(unreachable_for_others()) + " (chmod o+x them)")
+    return failed
+
+
 @functools.lru_cache(maxsize=1)
-def _probe() -> bool:
-    return _bwrap_works()
+def _probe() -> LayerStatus:
+    reasons = []
+    for layer in ("bubblewrap", "landlock"):
+        why = _why_not(layer)
+        if not why:
+            return LayerStatus(layer, "; ".join(reasons))
+        reasons.append(f"{layer}: {why}")
+    if grader_settings().unsafe_graders:
+        return LayerStatus("unsafe", "; ".join(reasons))
+    return LayerStatus("none", "; ".join(reasons))
+
+
+def layer_status() -> LayerStatus:
+    """The layer this process uses and why no better one (probed once per process)."""
+    status = _probe()
+    if status.layer in ("unsafe", "none"):  # the override is read fresh
+        layer = "unsafe" if grader_settings().unsafe_graders else "none"
+        status = LayerStatus(layer, status.reason)
+    return status
 
 
 def sandbox_layer() -> str:
-    """'bubblewrap', 'landlock', 'unsafe' (operator override, no isolation) or 'none'."""
-    if _probe():
-        return "bubblewrap"
-    if landlock_abi() >= 1 and _pyseccomp_loads():
-        return "landlock"
-    if grader_settings().unsafe_graders:
-        return "unsafe"
-    return "none"
+    """'bubblewrap', 'landlock', 'unsafe' (operator override) or 'none'."""
+    return layer_status().layer
 
 
 def unavailable_message() -> str:
+    why = _probe().reason
     return ("no grader sandbox is available here: python and code graders need bubblewrap "
-            "(`apt-get install bubblewrap`) with unprivileged user namespaces (in Docker: "
-            "security_opt seccomp=unconfined and apparmor=unconfined on the worker), or a "
-            "kernel with Landlock and libseccomp; "
-            f"{UNSAFE_ENV}=1 runs them without isolation (unsafe)")
+            "with unprivileged user namespaces (in Docker: security_opt seccomp=unconfined "
+            "and apparmor=unconfined on the worker), or a kernel with Landlock and libseccomp, "
+            "and the Python installation readable by other users (docs/hardening.md)"
+            + (f" ({why})" if why else "")
+            + f"; {UNSAFE_ENV}=1 runs them without isolation (unsafe)")
 
 
 def require_layer() -> str:

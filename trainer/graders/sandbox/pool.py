@@ -1,13 +1,17 @@
-"""Pooled, long-lived sandboxes: a batch of samples is spread over a few runners.
+"""Pooled sandboxes of one owner: a batch of samples is spread over a few runners.
 
-Starting a sandbox costs tens of milliseconds, so a pool keeps `size` runners of one mode
-alive and sends them chunks of work. A runner answers each item of a chunk with one frame
-as soon as it is done, so when a runner dies or stops answering (a segfault, a C-level
-hang, a killed process) the item in flight is known: it gets the fault as its result, the
-runner is killed and replaced, and the rest of the chunk goes to the fresh runner. Every
-item's wait is bounded (its timeout plus a grace), so a batch always ends.
-Kill = SIGKILL to bwrap's process group; bwrap's --die-with-parent and its pid namespace
-take every process inside down with it, so nothing a sample started survives.
+A pool belongs to one owner (a job in the worker, one call in the API: `GraderRuntime`), so
+no runner ever serves two tenants. Starting a sandbox costs tens of milliseconds, so a pool
+keeps at most `size` runners of one mode alive while its owner lives and sends them chunks
+of work. Each request carries a fresh id; a runner answers each item with one frame tagged
+with that id and the item's index (anything else is a fault). When a runner dies or stops
+answering the item in flight is known: it gets the fault as its result, the runner is
+killed and replaced, and the rest of the chunk goes to a fresh runner. Every item's wait is
+bounded, so a batch always ends, and `map` polls its caller's stop check while it waits: a
+cancel kills the runners within a fraction of a second.
+Kill = SIGKILL to the runner's process group; bwrap's --die-with-parent and its pid namespace
+take every process inside down with it, and every sandbox process carries the runner's
+token in its command line, so nothing a sample started survives.
 """
 from __future__ import annotations
 
@@ -24,10 +28,12 @@ import time
 import uuid
 from typing import Any, Callable, Sequence
 
-from trainer.graders.sandbox.layer import Limits, require_layer, runner_command, runner_env
+from trainer.graders.sandbox.layer import (
+    Limits, release_uid, require_layer, runner_command, runner_env, take_uid)
 
 START_TIMEOUT_S = 30.0
 MAX_FRAME = 64 * 1024 * 1024
+POLL_S = 0.2  # how often a waiting batch looks at its stop check
 
 
 def processes_with(token: str) -> list[int]:
@@ -48,23 +54,50 @@ class SandboxFault(Exception):
     """The runner died or stopped answering while an item was in flight."""
 
 
+class Cancelled(Exception):
+    """The batch was stopped from outside (its caller's stop check)."""
+
+
 class Runner:
-    """One sandboxed runner process and its framed pipes."""
+    """One sandboxed runner process, running as a uid of its own, and its framed pipes."""
 
     def __init__(self, layer: str, mode: str, limits: Limits, tag: str):
         self.token = f"{tag}-{uuid.uuid4().hex}"
-        self.proc = subprocess.Popen(
-            runner_command(layer, mode, limits) + [self.token], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=runner_env(layer),
-            start_new_session=True, close_fds=True)
+        self._kill_lock, self._dead = threading.Lock(), False
+        self.uid = take_uid()
+        ids = {} if self.uid is None else {"user": self.uid, "group": self.uid,
+                                           "extra_groups": []}
+        try:
+            self.proc = subprocess.Popen(
+                runner_command(layer, mode, limits, self.uid) + [self.token],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=runner_env(layer), start_new_session=True, close_fds=True, **ids)
+        except BaseException:
+            release_uid(self.uid)
+            raise
         self.served = 0
         try:
             hello = self.recv(START_TIMEOUT_S)
-            if not hello.get("ready"):
-                raise SandboxFault(f"sandbox did not start: {hello}")
+        except SandboxFault as exc:
+            raise SandboxFault(f"sandbox did not start ({exc}){self._failed_start()}") from None
         except BaseException:
             self.kill()
             raise
+        if not hello.get("ready"):
+            self.kill()
+            raise SandboxFault(f"sandbox did not start: {hello.get('error')}")
+
+    def _failed_start(self) -> str:
+        """Kill, and what the runner or bwrap printed before its pipes were set up (a
+        missing library, a path its uid cannot reach)."""
+        self.kill(close_stderr=False)
+        try:
+            text = self.proc.stderr.read()[-600:].decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            text = ""
+        finally:
+            self.proc.stderr.close()
+        return f": {text.splitlines()[-1]}" if text else ""
 
     def send(self, obj: Any) -> None:
         data = json.dumps(obj).encode()
@@ -98,14 +131,33 @@ class Runner:
         except ValueError:
             raise SandboxFault("garbled reply") from None
 
-    def kill(self) -> None:
+    def kill(self, close_stderr: bool = True) -> None:
         """SIGKILL bwrap and every process of this sandbox, and wait until all are gone.
 
         --die-with-parent alone takes the pid namespace down too, but asynchronously; the
         caller is promised that nothing of the sandbox runs once this returns. Every process
         of the sandbox carries the runner's unique token in its command line (forked
-        children inherit it), which finds them whatever their parentage.
+        children inherit it), which finds them whatever their parentage. Safe to call from
+        several threads and more than once.
         """
+        self.kill_processes()
+        for pipe in (self.proc.stdin, self.proc.stdout) + (
+                (self.proc.stderr,) if close_stderr else ()):
+            try:
+                pipe.close()
+            except (OSError, ValueError):
+                pass
+
+    def kill_processes(self) -> None:
+        """Only the processes: a thread reading this runner's pipe sees its end, and the
+        pipe stays open until that thread discards the runner (no descriptor is reused
+        under a reader)."""
+        with self._kill_lock:
+            if not self._dead:
+                self._kill_all()
+                self._dead = True
+
+    def _kill_all(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -121,19 +173,15 @@ class Runner:
                 except (ProcessLookupError, PermissionError):
                     pass
             time.sleep(0.01)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
         self.proc.wait()
+        release_uid(self.uid)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
 
 class SandboxPool:
-    """`size` runners of one mode ("python" or "code"); thread-safe `map`."""
+    """At most `size` runners of one mode ("python" or "code") for one owner; `map`."""
 
     def __init__(self, mode: str, size: int = 2, limits: Limits | None = None,
                  tag: str = "brorl-grader", max_served: int = 20000):
@@ -145,6 +193,7 @@ class SandboxPool:
         self._all: list[Runner] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._cancel = threading.Event()
         # bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that
         # started it ends: runners are started from this one long-lived thread, not from
         # a batch's short-lived workers (whose exit would SIGKILL them after every batch).
@@ -164,6 +213,8 @@ class SandboxPool:
                 self._all.remove(runner)
 
     def _acquire(self) -> Runner:
+        if self._cancel.is_set():
+            raise Cancelled
         try:
             runner = self._idle.get_nowait()
         except queue.Empty:
@@ -181,24 +232,31 @@ class SandboxPool:
         while todo:
             try:
                 runner = self._acquire()
+            except Cancelled:
+                return
             except (SandboxFault, OSError) as exc:
                 for index, _ in todo:
                     results[index] = {"fault": f"sandbox could not start: {exc}"}
                 return
-            restart, reused, answered = False, runner.served > 0, False
+            if self._cancel.is_set():  # stopped while this runner was starting
+                self._discard(runner)
+                return
+            reused, answered = runner.served > 0, False
+            rid = uuid.uuid4().hex
             try:
-                runner.send(make_request([payload for _, payload in todo]))
-                while todo and not restart:
-                    index, _ = todo[0]
-                    results[index] = runner.recv(item_timeout_s)
+                runner.send({**make_request([payload for _, payload in todo]), "id": rid})
+                for n in range(len(todo)):
+                    reply = runner.recv(item_timeout_s)
+                    if reply.pop("id", None) != rid or reply.pop("i", None) != n:
+                        raise SandboxFault("reply does not match its request")
+                    results[todo[0][0]] = reply
                     answered = True
                     todo.pop(0)
                     runner.served += 1
-                    # The runner quits after a sample that left it unfit (stray threads,
-                    # memory exhausted); the rest of the chunk goes to a fresh one.
-                    restart = bool(results[index].pop("restart", False))
             except SandboxFault as exc:
                 self._discard(runner)
+                if self._cancel.is_set():
+                    return
                 if reused and not answered and spare_retry:
                     # A reused runner that died while idle is not this item's fault: one
                     # retry on a fresh runner before the item is charged.
@@ -207,14 +265,15 @@ class SandboxPool:
                 index, _ = todo.pop(0)
                 results[index] = {"fault": str(exc)}
                 continue
-            if restart:
-                self._discard(runner)
-            else:
-                self._idle.put(runner)
+            self._idle.put(runner)
 
     def map(self, payloads: Sequence[Any], make_request: Callable[[list], dict],
-            item_timeout_s: float, chunk: int = 32) -> list[dict]:
-        """One reply per payload, in order: the runner's frame or {"fault": why}."""
+            item_timeout_s: float, chunk: int = 32,
+            stop_check: Callable[[], None] | None = None) -> list[dict]:
+        """One reply per payload, in order: the runner's frame or {"fault": why}.
+
+        `stop_check` is called every POLL_S while the batch runs; whatever it raises (the
+        trainer's StopRequested) kills this pool's runners and is raised from here."""
         if self._closed:
             raise RuntimeError("sandbox pool is closed")
         results: list = [None] * len(payloads)
@@ -226,7 +285,7 @@ class SandboxPool:
             work.put(c)
 
         def worker() -> None:
-            while True:
+            while not self._cancel.is_set():
                 try:
                     c = work.get_nowait()
                 except queue.Empty:
@@ -237,9 +296,35 @@ class SandboxPool:
                    for _ in range(min(self.size, len(chunks)))]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(POLL_S)
+                    if stop_check is not None:
+                        stop_check()
+        except BaseException:
+            self._stop_all(threads)
+            raise
         return results
+
+    def _stop_all(self, threads: list[threading.Thread]) -> None:
+        """Kill every runner (their waits end at once) and let the batch's threads go. A
+        thread may be starting a runner right now: kill again until every thread is out."""
+        self._cancel.set()
+        while any(t.is_alive() for t in threads):
+            with self._lock:
+                runners = list(self._all)
+            for runner in runners:
+                runner.kill_processes()
+            for t in threads:
+                t.join(POLL_S / 4)
+        while not self._idle.empty():
+            self._discard(self._idle.get_nowait())
+        with self._lock:
+            killed = list(self._all)
+        for runner in killed:
+            self._discard(runner)
+        self._cancel.clear()
 
     def close(self) -> None:
         self._closed = True
@@ -254,3 +339,27 @@ class SandboxPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+PROBE_SOURCE = "import decimal, json\ndef grade(sample, item):\n    return 1.0\n"
+
+
+def probe_runner(layer: str) -> str:
+    """'' when a runner on `layer` starts and grades one sample (importing an extension
+    module of the standard library after its uid drop), else why not."""
+    limits = Limits(timeout_s=20.0)
+    try:
+        runner = Runner(layer, "python", limits, "brorl-layer-probe")
+    except (SandboxFault, OSError) as exc:
+        return str(exc)
+    try:
+        runner.send({"id": "probe", "source": PROBE_SOURCE, "items": [[{}, {}]],
+                     "timeout_s": limits.timeout_s})
+        reply = runner.recv(limits.timeout_s + 10)
+    except SandboxFault as exc:
+        return f"sandbox failed: {exc}"
+    finally:
+        runner.kill()
+    if reply.get("reward") != 1.0:
+        return f"sandbox failed: {reply.get('fault') or reply.get('details')}"
+    return ""

@@ -1,21 +1,25 @@
-"""The program that runs INSIDE a grader sandbox: a long-lived server of grading requests.
+"""The program that runs INSIDE a grader sandbox: a server of grading requests that runs no
+tenant code itself.
 
 Standard library plus `pyseccomp` only, and run as a plain script (`python -I runner.py
-MODE LIMITS`): the sandbox shows it none of the project's code. Frames on stdin/stdout are a
-4-byte length and JSON. Before any tenant code runs the runner
-- moves its protocol pipes to private descriptors and points fds 0/1/2 at /dev/null and a
-  private output file whose size RLIMIT_FSIZE caps (so printing 1 GB fails);
-- sets rlimits (address space, open files, file size, no core files, processes) and marks
-  itself non-dumpable (no /proc/<pid>/mem or fd access from its children);
-- installs a seccomp filter (`_lock_down`): no fork/exec (so no fork bombs, daemons or
-  shells), signals only to itself, no ptrace, no sockets but AF_UNIX;
-- in the fallback layer (no bubblewrap), restricts itself with Landlock (`_landlock`).
-Mode "python": the runner locks itself down, then runs `grade(sample, item)` in-process
-for each sample of a request (compiled once per source), each under a wall-clock timer.
-Mode "code": the runner stays unlocked (it must fork) but runs no tenant code; each program
-runs in a forked child that locks itself down first and only returns its raw outputs. The
-verdict (did the output match?) is computed outside the sandbox, by the caller, which never
-sends the expected outputs in: a program cannot write its own score.
+MODE CONFIG`): the sandbox shows it none of the project's code. Frames on its stdin/stdout are
+a 4-byte length and JSON. At start the runner
+- asks to die with its parent (no runner outlives the service) and moves its protocol pipes to
+  private descriptors; fds 0/1/2 become /dev/null and a private, unlinked output file whose
+  size RLIMIT_FSIZE caps;
+- restricts itself with Landlock in the fallback layer (`_landlock`), sets no-new-privileges,
+  its rlimits (address space, files, file size, processes, no core, no real-time or raised
+  priority) and marks itself non-dumpable (no /proc/<pid>/mem, fd or ptrace access to it).
+Tenant code runs only in children the runner forks (`_child`): each closes every descriptor
+but its result pipe, sets fresh rlimits (so nothing an earlier program did to its limits
+carries over), and installs the allow-list seccomp filter (`lock_down`) before any tenant
+code runs. A child's results come back through its own pipe; the runner checks each one and
+frames it, tagged with the request's id and the item's index, so a child can never write a
+frame the caller reads. Mode "python": one child grades a request's samples in turn
+(`grade(sample, item)`, compiled once per child), each under a timer; a child that crashes,
+hangs or leaves threads behind is killed and the next sample gets a fresh one. Mode "code":
+one child per program, which returns only its raw outputs; the verdict is computed by the
+caller, which never sends the expected outputs in. Between requests /tmp is emptied.
 """
 import ctypes
 import errno
@@ -33,6 +37,8 @@ import tempfile
 import time
 
 LIMITS = {}
+RUNNER_PID = 0
+GRACE_S = 2.0  # past a sample's own timer, before the runner kills its child
 
 
 class Timeout(BaseException):
@@ -44,14 +50,18 @@ _armed = False
 
 def _on_alarm(signum, frame):
     # Only while a sample runs: a stray SIGALRM (a grader may send itself one) must not
-    # break the runner's own loop between samples.
+    # break the child's own loop between samples.
     if _armed:
         raise Timeout()
 
 
-def _read_exact(fd, n):
+def _read_exact(fd, n, deadline=None):
     chunks = []
     while n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
         chunk = os.read(fd, n)
         if not chunk:
             raise EOFError
@@ -60,9 +70,11 @@ def _read_exact(fd, n):
     return b"".join(chunks)
 
 
-def recv(fd):
-    (size,) = struct.unpack(">I", _read_exact(fd, 4))
-    return json.loads(_read_exact(fd, size))
+def recv(fd, deadline=None, max_size=64 * 1024 * 1024):
+    (size,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
+    if size > max_size:
+        raise ValueError("oversized frame")
+    return json.loads(_read_exact(fd, size, deadline))
 
 
 def send(fd, obj):
@@ -72,46 +84,110 @@ def send(fd, obj):
         data = data[os.write(fd, data):]
 
 
-def _rlimits(address_space):
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMITS["file_bytes"],) * 2)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_NPROC, (LIMITS["processes"],) * 2)
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _rlimits(address_space=True):
+    for name, value in (("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", LIMITS["file_bytes"]),
+                        ("RLIMIT_NOFILE", 64), ("RLIMIT_NPROC", LIMITS["nproc"]),
+                        ("RLIMIT_RTPRIO", 0), ("RLIMIT_NICE", 0), ("RLIMIT_MEMLOCK", 0),
+                        ("RLIMIT_MSGQUEUE", 0)):
+        try:
+            soft, hard = resource.getrlimit(getattr(resource, name))
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(getattr(resource, name), (value, value))
+        except (ValueError, OSError):
+            pass
     if address_space:
         resource.setrlimit(resource.RLIMIT_AS, (LIMITS["memory_bytes"],) * 2)
 
 
-def _lock_down():
-    """The seccomp filter: deny process creation, exec, foreign signals, ptrace, sockets."""
+# ---------------------------------------------------------------- the allow-list filter
+
+# What Python, its standard library and the scientific packages need to compute, and
+# nothing that reaches outside the process: no exec, fork, ptrace, mount, namespaces,
+# keyrings, BPF, perf, io_uring, chmod/chown, clock or reboot. Measured with strace over
+# importing and using numpy, scipy, pandas, scikit-learn, sympy, nltk and threads.
+ALLOWED = (
+    "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev",
+    "open", "openat", "close", "close_range", "creat", "stat", "fstat", "lstat", "newfstatat",
+    "statx", "statfs", "fstatfs", "access", "faccessat", "faccessat2", "lseek", "getdents64",
+    "getcwd", "chdir", "fchdir", "readlink", "readlinkat", "mkdir", "mkdirat", "rmdir",
+    "unlink", "unlinkat", "rename", "renameat", "renameat2", "link", "linkat", "symlink",
+    "symlinkat", "umask", "truncate", "ftruncate", "fallocate", "fsync", "fdatasync",
+    "fadvise64", "flock", "dup", "dup2", "dup3", "fcntl", "pipe", "pipe2", "sendfile",
+    "copy_file_range", "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr",
+    "flistxattr",
+    "mmap", "munmap", "mprotect", "mremap", "madvise", "brk", "mincore", "msync",
+    "membarrier", "mbind", "get_mempolicy",
+    "poll", "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl",
+    "epoll_wait", "epoll_pwait", "epoll_pwait2", "eventfd", "eventfd2",
+    "futex", "futex_waitv", "set_robust_list", "get_robust_list", "set_tid_address", "rseq",
+    "sched_yield", "sched_get_priority_max", "sched_get_priority_min", "getcpu",
+    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigpending", "rt_sigtimedwait",
+    "rt_sigsuspend", "sigaltstack", "pause", "restart_syscall",
+    "alarm", "getitimer", "setitimer", "timer_create", "timer_settime", "timer_gettime",
+    "timer_getoverrun", "timer_delete", "timerfd_create", "timerfd_settime", "timerfd_gettime",
+    "nanosleep", "clock_nanosleep", "clock_gettime", "clock_getres", "gettimeofday", "time",
+    "getpid", "getppid", "gettid", "getuid", "geteuid", "getgid", "getegid", "getgroups",
+    "getresuid", "getresgid", "getpgrp", "capget", "getrusage", "times", "sysinfo", "uname",
+    "getrlimit", "setrlimit", "getrandom", "arch_prctl", "exit", "exit_group", "wait4",
+    "waitid",
+    # Sockets: the socket() rule below decides which families exist at all.
+    "connect", "bind", "listen", "accept", "accept4", "sendto", "recvfrom", "sendmsg",
+    "recvmsg", "sendmmsg", "recvmmsg", "shutdown", "getsockname", "getpeername",
+    "setsockopt", "getsockopt",
+)
+IOCTLS = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)  # TCGETS TIOCGWINSZ FIONREAD
+#                                                             FIONBIO FIONCLEX FIOCLEX
+PRCTLS = (3, 15, 16, 23, 0x53564D41)  # GET_DUMPABLE SET_NAME GET_NAME CAPBSET_READ SET_VMA
+
+
+def lock_down():
+    """Install the allow-list filter: anything not named fails with EPERM. Calls that name a
+    process (kill, prlimit, priority, scheduling, process groups) may name this one alone,
+    which also stands in for a pid namespace in the fallback layer."""
     import pyseccomp as sc
 
     pid = os.getpid()
-    deny = sc.ERRNO(errno.EPERM)
-    f = sc.SyscallFilter(defaction=sc.ALLOW)
-    for name in ("fork", "vfork", "execve", "execveat", "ptrace", "process_vm_writev",
-                 "process_vm_readv", "pidfd_open", "pidfd_send_signal", "pidfd_getfd",
-                 "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "setpgid", "setsid",
-                 "unshare", "setns", "mount", "personality", "userfaultfd", "bpf",
-                 "perf_event_open", "keyctl", "add_key", "request_key", "io_uring_setup"):
-        f.add_rule(deny, name)
-    # clone without CLONE_THREAD (0x10000) makes a process; threads stay allowed.
-    f.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, 0x10000, 0))
-    # clone3 hides its flags in memory, where seccomp cannot look: ENOSYS makes libc fall
-    # back to clone (what container runtimes do).
-    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-    f.add_rule(deny, "kill", sc.Arg(0, sc.NE, pid))
-    f.add_rule(deny, "tgkill", sc.Arg(0, sc.NE, pid))
-    if LIMITS.get("landlock"):
-        # No network namespace here: no sockets at all (a Unix socket on the host's
-        # filesystem could reach a database).
-        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket")
-        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socketpair")
-    else:
-        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
-        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socketpair",
-                   sc.Arg(0, sc.NE, socket.AF_UNIX))
+    allow = sc.ALLOW
+    f = sc.SyscallFilter(defaction=sc.ERRNO(errno.EPERM))
+
+    def rule(action, name, *args):
+        try:
+            f.add_rule(action, name, *args)
+        except (ValueError, RuntimeError, OSError):  # not a syscall on this architecture
+            pass
+
+    for name in ALLOWED:
+        rule(allow, name)
+    # Signals to this process only (kill's 0 is the whole process group: the runner too).
+    rule(allow, "kill", sc.Arg(0, sc.EQ, pid))
+    rule(allow, "tgkill", sc.Arg(0, sc.EQ, pid))
+    for arg in (0, pid):  # 0 is the caller here
+        for name in ("prlimit64", "sched_getaffinity", "sched_getparam",
+                     "sched_getscheduler", "getpgid", "getsid"):
+            rule(allow, name, sc.Arg(0, sc.EQ, arg))
+        rule(allow, "getpriority", sc.Arg(0, sc.EQ, 0), sc.Arg(1, sc.EQ, arg))
+        rule(allow, "setpriority", sc.Arg(0, sc.EQ, 0), sc.Arg(1, sc.EQ, arg))
+    for cmd in IOCTLS:
+        rule(allow, "ioctl", sc.Arg(1, sc.EQ, cmd))
+    for option in PRCTLS:
+        rule(allow, "prctl", sc.Arg(0, sc.EQ, option))
+    # Threads only: clone with CLONE_THREAD (0x10000); clone3 hides its flags in memory,
+    # where seccomp cannot look, so ENOSYS makes libc fall back to clone.
+    rule(allow, "clone", sc.Arg(0, sc.MASKED_EQ, 0x10000, 0x10000))
+    rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    if LIMITS.get("private_tmp"):
+        # bubblewrap's private network namespace: Unix sockets reach only this sandbox.
+        # Elsewhere no socket at all (one on the host's filesystem could reach a database).
+        rule(allow, "socket", sc.Arg(0, sc.EQ, socket.AF_UNIX))
+        rule(allow, "socketpair", sc.Arg(0, sc.EQ, socket.AF_UNIX))
     f.load()
 
+
+# ---------------------------------------------------------------- the runner's own setup
 
 def _landlock(read_paths):
     """The fallback layer's filesystem and network bounds (Linux Landlock, unprivileged).
@@ -120,7 +196,7 @@ def _landlock(read_paths):
     read/write on /dev/null; nothing is writable (the output file was opened before). ABI 4+
     also forbids TCP bind/connect, ABI 6+ signals and abstract sockets outside the domain.
     """
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     abi = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, VERSION)
     if abi < 1:
         raise OSError(ctypes.get_errno(), "Landlock is not available")
@@ -140,10 +216,17 @@ def _landlock(read_paths):
         if libc.syscall(445, ruleset, 1, ctypes.c_char_p(rule), 0) < 0:
             raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
         os.close(fd)
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
     if libc.syscall(446, ruleset, 0) < 0:
         raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
     os.close(ruleset)
+
+
+def _die_with(parent):
+    """SIGKILL when the parent goes (PR_SET_PDEATHSIG), and exit if `parent` (when known)
+    already went before that was set."""
+    _libc().prctl(1, signal.SIGKILL, 0, 0, 0)
+    if parent is not None and os.getppid() != parent:
+        os._exit(0)
 
 
 def _private_fds():
@@ -161,10 +244,31 @@ def _private_fds():
     return fd_in, fd_out
 
 
-def _non_dumpable():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+def _no_new_privileges_and_not_dumpable():
+    libc = _libc()
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    libc.prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE = 0
 
+
+def _empty_tmp():
+    """Nothing one request left in /tmp is there for the next: bubblewrap's private tmpfs
+    only (elsewhere /tmp is the host's, and nothing of the sandbox can write there)."""
+    if not LIMITS.get("private_tmp"):
+        return
+    for root, dirs, files in os.walk("/tmp", topdown=False):
+        for name in files + dirs:
+            path = os.path.join(root, name)
+            try:
+                if name in dirs and not os.path.islink(path):
+                    os.chmod(path, 0o700)
+                    os.rmdir(path)
+                else:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
+# ---------------------------------------------------------------- inside a child
 
 def _reset_streams():
     """Fresh sys.stdout/err on fds 1/2: a stream whose flush failed (file size limit) keeps
@@ -187,8 +291,11 @@ def _output_tail():
         tail = os.read(1, 2048).decode("utf-8", "replace")
     except OSError:
         tail = ""
-    os.ftruncate(1, 0)
-    os.lseek(1, 0, os.SEEK_SET)
+    try:
+        os.ftruncate(1, 0)
+        os.lseek(1, 0, os.SEEK_SET)
+    except OSError:
+        pass
     return tail
 
 
@@ -208,6 +315,48 @@ def _error(exc):
     return f"{name}: {exc}"[:2000]
 
 
+def _child(write_fd, work):
+    """In a forked child: lose every descriptor but fds 0-2 and the result pipe, die with
+    the runner, fresh limits, the filter; then `work(write_fd)` and exit."""
+    try:
+        os.closerange(3, write_fd)
+        os.closerange(write_fd + 1, 1024)
+        _die_with(RUNNER_PID)
+        _rlimits()
+        lock_down()
+        work(write_fd)
+    finally:
+        os._exit(0)
+
+
+def _fork(work):
+    """(pid, read fd) of a child running `work`."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _child(write_fd, work)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def _reap(pid, read_fd, kill=True):
+    """Kill (if asked) and wait for a child; its wait status."""
+    if kill:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.close(read_fd)
+    return os.waitpid(pid, 0)[1]
+
+
+def _death(status):
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exited with status {os.WEXITSTATUS(status)}"
+
+
 # ---------------------------------------------------------------------------- python mode
 
 _GRADERS = {}
@@ -215,8 +364,6 @@ _GRADERS = {}
 
 def _grade_fn(source):
     if source not in _GRADERS:
-        if len(_GRADERS) > 8:
-            _GRADERS.clear()
         namespace = {"__name__": "grader"}
         exec(compile(source, "grader.py", "exec"), namespace)
         fn = namespace.get("grade")
@@ -246,23 +393,89 @@ def _one_python(source, sample, item, timeout_s):
         return {"reward": None, "error": "runtime", "details": _error(exc)}
 
 
-def serve_python(fd_in, fd_out):
-    """Grade samples in-process; quit (the pool starts a fresh runner for the rest) after a
-    sample that left threads running or ran out of memory, which would otherwise slow down
-    or fail the samples after it."""
-    import threading
+def _count_threads():
+    """A flag list that fills when tenant code starts a thread. `_thread._count()` alone
+    misses a thread that has not begun to run yet; `threading` takes the wrapped function
+    when the grader imports it (the runner never imports threading)."""
+    import _thread
 
-    _lock_down()
-    while True:
-        request = recv(fd_in)
-        for sample, item in request["samples"]:
+    started, start = [], _thread.start_new_thread
+
+    def counted(*args, **kwargs):
+        started.append(1)
+        return start(*args, **kwargs)
+
+    _thread.start_new_thread = counted
+    return lambda: bool(started) or _thread._count() > 0
+
+
+def _python_child(request, start):
+    """The child's work: grade samples start.. in turn, one frame each; stop after a sample
+    that started threads or ran out of memory (the runner forks a fresh child for the rest:
+    a stray thread must not touch the samples after its own)."""
+
+    def work(write_fd):
+        threads_started = _count_threads()
+        for sample, item in request["items"][start:]:
             result = _one_python(request["source"], sample, item, request["timeout_s"])
             result["output"] = _output_tail()
-            result["restart"] = (threading.active_count() > 1
-                                 or str(result.get("details", "")).startswith("MemoryError"))
-            send(fd_out, result)
+            result["restart"] = threads_started() or str(
+                result.get("details", "")).startswith("MemoryError")
+            send(write_fd, result)
             if result["restart"]:
-                os._exit(0)
+                return
+    return work
+
+
+def _checked_python(reply):
+    """Only the fields a result has, of the types it has: nothing else crosses."""
+    if not isinstance(reply, dict):
+        raise ValueError("not a result")
+    reward = reply.get("reward")
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
+                               or not math.isfinite(reward)):
+        raise ValueError("bad reward")
+    error = reply.get("error")
+    if error not in (None, "timeout", "runtime"):
+        raise ValueError("bad error")
+    return {"reward": reward, "error": error, "details": str(reply.get("details") or "")[:2000],
+            "output": str(reply.get("output") or "")[:2048]}
+
+
+def serve_python(request, reply):
+    items, timeout_s, n = request["items"], request["timeout_s"], 0
+    while n < len(items):
+        pid, read_fd = _fork(_python_child(request, n))
+        exited = False
+        try:
+            while n < len(items):
+                try:
+                    raw = recv(read_fd, time.monotonic() + timeout_s + GRACE_S, 1 << 20)
+                    result = _checked_python(raw)
+                    restart = raw.get("restart") is True
+                except TimeoutError:
+                    reply(n, {"reward": None, "error": "timeout",
+                              "details": f"over {timeout_s} s (killed)"})
+                    n += 1
+                    break
+                except EOFError:
+                    status = _reap(pid, read_fd, kill=False)
+                    exited = True
+                    if n < len(items):  # the child died on this sample (or quit unfit)
+                        reply(n, {"fault": f"grader process {_death(status)}"})
+                        n += 1
+                    break
+                except (ValueError, struct.error):
+                    reply(n, {"fault": "grader process corrupted its result stream"})
+                    n += 1
+                    break
+                reply(n, result)
+                n += 1
+                if restart:
+                    break
+        finally:
+            if not exited:
+                _reap(pid, read_fd)
 
 
 # ---------------------------------------------------------------------------- code mode
@@ -301,70 +514,49 @@ def _run_test(source, test, namespace, timeout_s):
         sys.stdout = sys.__stdout__
 
 
-def _program_child(program, timeout_s, write_fd):
-    """In the forked child: lock down, run every test, write raw results, exit."""
-    for fd in range(3, 256):
-        if fd != write_fd:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    cpu = int(math.ceil(timeout_s * len(program["tests"]))) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    _rlimits(address_space=True)
-    _lock_down()
-    namespace = {"__name__": "program"}
-    results = []
-    try:
-        if any("call" in t for t in program["tests"]):
-            _timed(lambda: exec(compile(program["source"], "program.py", "exec"), namespace),
-                   timeout_s)
-    except BaseException as exc:  # noqa: BLE001 - every call test then fails with this
-        results = [{"error": _error(exc)} for _ in program["tests"]]
-    if not results:
-        results = [_run_test(program["source"], t, namespace, timeout_s)
-                   for t in program["tests"]]
-    data = json.dumps(results, default=repr).encode()
-    while data:
-        data = data[os.write(write_fd, data):]
-    os._exit(0)
+def _program_work(program, timeout_s, budget_s):
+    def work(write_fd):
+        cpu = int(math.ceil(budget_s)) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        namespace = {"__name__": "program"}
+        results = []
+        try:
+            if any("call" in t for t in program["tests"]):
+                _timed(lambda: exec(compile(program["source"], "program.py", "exec"),
+                                    namespace), timeout_s)
+        except BaseException as exc:  # noqa: BLE001 - every call test then fails with this
+            results = [{"error": _error(exc)} for _ in program["tests"]]
+        if not results:
+            results = [_run_test(program["source"], t, namespace, timeout_s)
+                       for t in program["tests"]]
+        data = json.dumps(results, default=repr).encode()
+        while data:
+            data = data[os.write(write_fd, data):]
+    return work
 
 
-def _collect(pid, read_fd, deadline):
+def _collect(read_fd, deadline):
     chunks, size, cap = [], 0, 2 * LIMITS["output_bytes"] + 65536
     while True:
         left = deadline - time.monotonic()
-        ready = select.select([read_fd], [], [], max(0.0, left))[0] if left > 0 else []
-        if not ready:
-            os.kill(pid, signal.SIGKILL)
+        if left <= 0 or not select.select([read_fd], [], [], left)[0]:
             return None, "timeout"
         chunk = os.read(read_fd, 65536)
         if not chunk:
-            break
+            return b"".join(chunks), None
         size += len(chunk)
         if size > cap:
-            os.kill(pid, signal.SIGKILL)
             return None, "output limit exceeded"
         chunks.append(chunk)
-    return b"".join(chunks), None
 
 
-def _one_program(program, timeout_s):
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read_fd)
-            _program_child(program, timeout_s, write_fd)
-        finally:
-            os._exit(70)
-    os.close(write_fd)
-    deadline = time.monotonic() + timeout_s * len(program["tests"]) + 1.0
-    try:
-        data, error = _collect(pid, read_fd, deadline)
-    finally:
-        os.close(read_fd)
-        _, status = os.waitpid(pid, 0)
+def _one_program(program, timeout_s, cap_s):
+    # Each test has its own timer; the program as a whole has the operator's per-sample
+    # bound too, whatever the number of tests.
+    budget_s = min(timeout_s * max(1, len(program["tests"])), cap_s)
+    pid, read_fd = _fork(_program_work(program, timeout_s, budget_s))
+    data, error = _collect(read_fd, time.monotonic() + budget_s + 1.0)
+    status = _reap(pid, read_fd, kill=error is not None)
     if error is None and os.WIFSIGNALED(status):
         error = f"killed by signal {os.WTERMSIG(status)}"
     if error is None:
@@ -375,29 +567,38 @@ def _one_program(program, timeout_s):
     return {"results": None, "error": error}
 
 
-def serve_code(fd_in, fd_out):
-    while True:
-        request = recv(fd_in)
-        for program in request["programs"]:
-            send(fd_out, _one_program(program, request["timeout_s"]))
+def serve_code(request, reply):
+    for n, program in enumerate(request["items"]):
+        reply(n, _one_program(program, request["timeout_s"], request["cap_s"]))
 
 
 def main():
-    global LIMITS
+    global LIMITS, RUNNER_PID
     mode, LIMITS = sys.argv[1], json.loads(sys.argv[2])
+    RUNNER_PID = os.getpid()
+    _die_with(LIMITS.get("parent"))
     signal.signal(signal.SIGALRM, _on_alarm)
     import pyseccomp  # noqa: F401 - now, once: finding libseccomp runs ldconfig (a fork)
     fd_in, fd_out = _private_fds()
-    if LIMITS.get("landlock"):
-        _landlock(LIMITS["landlock"])
-        os.chdir("/")
-    else:
-        os.chdir("/tmp")
-    _rlimits(address_space=(mode == "python"))
-    _non_dumpable()
-    send(fd_out, {"ready": True, "pid": os.getpid()})
     try:
-        (serve_python if mode == "python" else serve_code)(fd_in, fd_out)
+        _no_new_privileges_and_not_dumpable()  # Landlock needs no-new-privileges first
+        if LIMITS.get("landlock") is not None:
+            _landlock(LIMITS["landlock"])
+            os.chdir("/")
+        else:
+            os.chdir("/tmp")
+        _rlimits()
+    except Exception as exc:  # noqa: BLE001 - the caller is told why, and nothing runs
+        send(fd_out, {"ready": False, "error": _error(exc)})
+        os._exit(1)
+    send(fd_out, {"ready": True, "pid": os.getpid(), "uid": os.getuid()})
+    serve = serve_python if mode == "python" else serve_code
+    try:
+        while True:
+            request = recv(fd_in)
+            rid = request["id"]
+            serve(request, lambda n, result: send(fd_out, {**result, "id": rid, "i": n}))
+            _empty_tmp()
     except EOFError:
         os._exit(0)
 

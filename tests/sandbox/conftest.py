@@ -1,0 +1,35 @@
+"""Each sandbox test runs once per real layer: bubblewrap, and the Landlock fallback forced
+by hiding bubblewrap. A layer that does not work here skips its run with the reason, except
+in CI (CI=true), where .ci/run provides both and a missing layer fails the run."""
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+from trainer.graders.sandbox import layer as layers
+
+LAYERS = ("bubblewrap", "landlock")
+
+
+@functools.lru_cache(maxsize=None)
+def why_not(name: str) -> str:
+    return layers._why_not(name)
+
+
+def force_layer(monkeypatch, name: str) -> None:
+    """Make `name` this process's layer for the test, or skip (fail in CI) saying why not."""
+    why = why_not(name)
+    if why:
+        message = f"the {name} layer does not work here: {why}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    monkeypatch.setattr(layers, "_probe", lambda: layers.LayerStatus(name))
+
+
+@pytest.fixture(params=LAYERS)
+def layer(request, monkeypatch):
+    force_layer(monkeypatch, request.param)
+    return request.param
