@@ -40,7 +40,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PLACEHOLDER = "ds_REPLACE_WITH_UPLOADED_ID"
 # The data file each example with a placeholder dataset id names in its comment.
-EXAMPLE_DATA = {"graders/code_spec.yaml": "data/code_problems.jsonl"}
+EXAMPLE_DATA = {"graders/code_spec.yaml": "data/code_problems.jsonl",
+                "rft_messages.yaml": "data/rft_sums.jsonl"}
 # Examples that cannot run on a CPU, with the reason (none today: each runs with the hf engine).
 CPU_SKIPS: dict[str, str] = {}
 
@@ -94,7 +95,9 @@ def _dataset_spec(name: str, dataset_id: str, grader: dict, model_dir: Path) -> 
 
 
 def _example_specs() -> list[str]:
-    return sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*.yaml"))
+    """Every job spec under examples/ (a YAML with a `task`: the one required section)."""
+    return sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*.y*ml")
+                  if "task" in (yaml.safe_load(p.read_text()) or {}))
 
 
 def _write_datasets(folder: Path) -> tuple[Path, Path]:
@@ -211,7 +214,14 @@ def test_every_placeholder_dataset_names_its_data():
     for rel in _example_specs():
         dataset = yaml.safe_load((EXAMPLES / rel).read_text())["task"].get("dataset")
         if dataset is not None and dataset["id"] == PLACEHOLDER:
+            assert rel in EXAMPLE_DATA, f"{rel}: add the data file it trains on to EXAMPLE_DATA"
             assert (EXAMPLES / EXAMPLE_DATA[rel]).exists(), rel
+
+
+def test_every_example_spec_validates_as_written():
+    assert len(_example_specs()) >= 4
+    for rel in _example_specs():
+        JobSpec.model_validate(yaml.safe_load((EXAMPLES / rel).read_text()))
 
 
 def test_a_bad_rft_line_is_refused_at_upload_naming_line_and_field(stack, tmp_path):
