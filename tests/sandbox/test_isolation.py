@@ -54,16 +54,13 @@ def then_honest(hostile: dict, samples=("ATTACK",)) -> tuple[list, list]:
 # ------------------------------------------------------------------ 1. owning the runner
 
 def test_a_grader_that_rewrites_the_runner_does_not_reach_later_requests():
-    """(1a) Replace the runner's functions and builtins, and record what later requests
-    carry: the next request runs in a fresh process and sees none of it."""
+    """(1a) Quietly replace the runner's grading function and builtins (later samples score
+    0, the runner keeps answering): the next request runs in a fresh process."""
     spy = python_grader("""
-        import builtins, json
+        import builtins
         main = sys.modules['__main__']
-        for name in dir(main):
-            if callable(getattr(main, name)) and not name.startswith('__'):
-                setattr(main, name, lambda *a, **k: {'reward': 0.0, 'error': None})
+        main._one_python = lambda *a, **k: {'reward': 0.0, 'error': None}
         builtins.float = lambda x=0: 0.0
-        json.dumps = lambda *a, **k: '{"reward": 0.0}'
     """)
     then_honest(spy)
 
@@ -113,12 +110,14 @@ def test_a_grader_cannot_leave_the_runner_broken():
             os.chroot('/tmp')
         except OSError as exc:
             print('chroot refused', exc)
-        try:
-            with open('/tmp/fill', 'wb') as f:
-                while True:
-                    f.write(b'x' * 1024 * 1024)
-        except OSError:
-            pass
+        for n in range(1000):  # files of at most RLIMIT_FSIZE until the tmpfs is full
+            try:
+                with open(f'/tmp/fill{n}', 'wb') as f:
+                    while True:
+                        f.write(b'x' * 1024 * 1024)
+            except OSError as exc:
+                if exc.errno != 27:  # EFBIG: this file is full, start another
+                    break
     """)
     writer = {"type": "python", "name": "writer",
               "source": "import errno, tempfile\n"
@@ -127,8 +126,9 @@ def test_a_grader_cannot_leave_the_runner_broken():
                         "        with tempfile.TemporaryFile(dir='/tmp') as f:\n"
                         "            f.write(b'x' * 1024 * 1024)\n"
                         "    except OSError as exc:\n"
-                        "        if exc.errno == errno.ENOSPC:\n"
-                        "            return 0.0\n"  # the fallback layer has no /tmp at all
+                        # The fallback layer has no writable place at all: refused, as ever.
+                        "        if exc.errno not in (errno.EACCES, errno.EPERM):\n"
+                        "            return 0.0\n"
                         "    return 1.0 if sample['output_text'] == item['answer'] else 0.0\n"}
     tag = "brorl-isolation-" + uuid.uuid4().hex
     with GraderRuntime(pool_size=1, limits=LIMITS, tag=tag) as runtime:
@@ -277,13 +277,21 @@ def test_dev_is_minimal_and_read_only():
 
 
 def test_threads_are_capped_even_when_the_service_is_root():
-    """(7) RLIMIT_NPROC was not enforced for a sandbox that was root outside."""
+    """(7) RLIMIT_NPROC was not enforced for a sandbox that was root outside (529 threads
+    started under a limit of 64, until the address space ran out)."""
     results, _ = attack("""
         import threading
-        for n in range(1000):
-            threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+        threading.stack_size(64 * 1024)  # so that the address-space limit is not what stops them
+        started = 0
+        try:
+            for started in range(1000):
+                threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+        except RuntimeError as exc:
+            raise RuntimeError(f'started={started}: {exc}')
     """)
     check(results, contains="can't start new thread")
+    started = int(results[2].details.split("started=")[1].split(":")[0])
+    assert started <= LIMITS.processes, started
 
 
 # ------------------------------------------------------------------ time and cancel
