@@ -62,7 +62,7 @@ def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | N
         model_dir = Path(model_dir) / MERGED_DIR
     task = build_task(spec.task, spec.seed, dataset_path)
     examples = task.eval[:prompts] if prompts is not None else task.eval
-    with make_scorer(spec, task) as scorer:
+    with make_scorer(spec, task, stop_check) as scorer:
         model_dir = Path(model_dir) if model_dir is not None else model_dir_for(spec, task, scorer, stop_check)
         policy, tokenizer = load_policy(model_dir, spec.model.dtype, resolve_device(), master_fp32=False)
         prompt_ids = _encode(tokenizer, [render_example(ex, spec.task.prompt_template, tokenizer)

@@ -245,7 +245,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     fix_mmap_threshold()  # freed tensors leave the RSS (trainer/malloc.py)
     device = resolve_device()
     task = build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
-    scorer = make_scorer(spec, task)
+    scorer = make_scorer(spec, task, stop_check)
     try:
         model_dir = model_dir_for(spec, task, scorer, stop_check)
     except BaseException:  # a stop during the warm start: the scorer's processes go too

@@ -102,3 +102,21 @@ def test_reasoning_gym_scorer_as_a_grader():
     right, wrong = grade_batch(grader, [f"<answer>{entry['answer']}</answer>",
                                         "<answer>-123456</answer>"], [item, item])
     assert (right.reward, wrong.reward) == (1.0, 0.0) and not right.failed
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(sandbox_layer() == "none", reason="needs a grader sandbox")
+def test_a_stop_reaches_a_batch_that_is_still_grading():
+    """A cancel or the wall limit while a step's samples are in the sandbox: the job's stop
+    check kills the batch within a second (it used to wait for the whole batch)."""
+    import time
+
+    from trainer.stop import StopRequested, stop_check
+
+    slow = {"type": "python", "name": "slow",
+            "source": "import time\ndef grade(sample, item):\n    time.sleep(60)\n    return 1.0\n"}
+    asked = time.monotonic() + 0.5
+    with GraderScorer(slow, stop_check=stop_check(lambda: time.monotonic() > asked)) as scorer:
+        with pytest.raises(StopRequested):
+            scorer.score(["x"] * 4, [Example("q", "a")] * 4)
+    assert time.monotonic() - asked < 2.5

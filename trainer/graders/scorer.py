@@ -11,7 +11,7 @@ the step's `grader/*` and `reward/<key>` numbers.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trainer.graders.batch import GradeResult, GraderRuntime
 from trainer.graders.models import MultiGrader, needs_sandbox, parse_grader
@@ -30,14 +30,17 @@ class GraderScorer:
     """Scores with a grader; a context manager whose close() stops its sandboxes."""
 
     def __init__(self, grader: Any, reward: str = "score", truncated_reward: float = 0.0,
-                 runtime: GraderRuntime | None = None, timeout_s: float | None = None):
+                 runtime: GraderRuntime | None = None, timeout_s: float | None = None,
+                 stop_check: Callable[[], None] | None = None):
         if reward not in REWARDS:
             raise ValueError(f"reward must be one of {sorted(REWARDS)}, got {reward!r}")
         self.grader = parse_grader(grader)
         self.reward_fn = REWARDS[reward]
         self.truncated_reward = float(truncated_reward)
         self._own_runtime = runtime is None
-        self.runtime = runtime or GraderRuntime(timeout_s=timeout_s)
+        # The job's stop check reaches the sandboxes: a cancel or the wall limit kills a
+        # batch that is still grading instead of waiting for it.
+        self.runtime = runtime or GraderRuntime(timeout_s=timeout_s, stop_check=stop_check)
         self.last_results: list[GradeResult | None] = []
         # The multi grader's keys: every batch reports each (0 for an ungraded sample), so
         # the step's per-sample sub-reward tensors have the same keys in every round.
@@ -92,10 +95,11 @@ def step_metrics(results: Sequence[GradeResult | None]) -> dict[str, float]:
     return out
 
 
-def make_scorer(spec: Any, task: Any):
+def make_scorer(spec: Any, task: Any, stop_check: Callable[[], None] | None = None):
     """The job's one scorer: its `task.grader` behind the scorer interface, else the task's
     built-in verifier (`trainer.tasks.scoring.Scorer`). A grader that runs code is refused
-    here, before any model is loaded, when this machine has no sandbox layer."""
+    here, before any model is loaded, when this machine has no sandbox layer. `stop_check`
+    (raising StopRequested) is polled while a grader batch waits on its sandboxes."""
     if spec.task.grader is None:
         from trainer.tasks.scoring import Scorer
 
@@ -104,7 +108,7 @@ def make_scorer(spec: Any, task: Any):
     if needs_sandbox(grader):
         require_layer()
     return GraderScorer(grader, reward=spec.task.reward,
-                        truncated_reward=spec.algo.truncated_reward)
+                        truncated_reward=spec.algo.truncated_reward, stop_check=stop_check)
 
 
 def first_error(results: Sequence[GradeResult | None]) -> str:
