@@ -296,16 +296,22 @@ def test_errors_in_openai_shape(sdk, other_sdk, training_file) -> None:
         ({"type": "supervised", "supervised": {}}, "method.type"),
         ({"type": "reinforcement", "reinforcement": {"grader": {"type": "python"}}},
          "method.reinforcement.grader.source"),
+        # An OpenAI judge id the operator mapped to no judge (BRORL_JUDGE_ALIASES).
+        ({"type": "reinforcement", "reinforcement": {"grader": {
+            "type": "score_model", "model": "gpt-4o-2024-08-06",
+            "input": [{"role": "user", "content": "Score {{ sample.output_text }}"}]}}},
+         "method.reinforcement.grader.model"),
     ]
     for method, param in cases:
         with pytest.raises(openai.BadRequestError) as exc:
             create(sdk, training_file, method=method)
         assert exc.value.param == param, (param, exc.value.body)
         assert exc.value.type == "invalid_request_error" and param in exc.value.message
-    with pytest.raises(openai.BadRequestError) as exc:
-        sdk.fine_tuning.jobs.create(model="/not/allowed", training_file=training_file.id,
-                                    method=rl_method())
-    assert exc.value.param == "model"
+    for model in ("/not/allowed", "o4-mini-2025-04-16"):
+        with pytest.raises(openai.BadRequestError) as exc:
+            sdk.fine_tuning.jobs.create(model=model, training_file=training_file.id,
+                                        method=rl_method())
+        assert exc.value.param == "model"
     with pytest.raises(openai.BadRequestError) as exc:
         create(sdk, training_file, extra_body={"mystery": 1})
     assert exc.value.param == "mystery"
