@@ -165,3 +165,5 @@ class StatusPublic(BaseModel):
     checks: dict[str, str] | None = None
     sandbox: str | None = Field(None, description="/readyz: the grader sandbox layer "
                                 "(bubblewrap, landlock, unsafe or none).")
+    sandbox_reason: str | None = Field(None, description="/readyz: why no better sandbox "
+                                       "layer works here (what the operator must provide).")

@@ -12,7 +12,7 @@ import os
 
 from celery.signals import worker_init, worker_shutting_down
 
-from trainer.graders import sandbox_layer
+from trainer.graders.sandbox.layer import layer_status
 from worker import runner
 from store.settings import get_settings
 from worker.celery_app import REAP_TASK, RUN_JOB_TASK, app, enqueue_job
@@ -54,7 +54,8 @@ def _log_sandbox_layer(**_: object) -> str:
     # Python and code graders run only inside this layer; with "none" a job that needs one
     # fails at its start with the reason (docs/graders.md, The sandbox). Probed once here so
     # the operator sees it before the first such job.
-    layer = sandbox_layer()
-    level = logging.INFO if layer in ("bubblewrap", "landlock") else logging.WARNING
-    logging.getLogger(__name__).log(level, "grader sandbox layer: %s", layer)
-    return layer
+    status = layer_status()
+    level = logging.INFO if status.layer in ("bubblewrap", "landlock") else logging.WARNING
+    logging.getLogger(__name__).log(level, "grader sandbox layer: %s%s", status.layer,
+                                    f" ({status.reason})" if status.reason else "")
+    return status.layer

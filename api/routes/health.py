@@ -5,7 +5,8 @@ database is down, or the orchestrator would restart healthy API pods in a loop).
 checks what a request needs: the database answers `SELECT 1` and the broker accepts a
 connection; it answers 503 naming what is down, so a load balancer stops routing to us. It
 also reports the grader sandbox layer this process would use (`sandbox`: bubblewrap, landlock,
-unsafe or none); `none` is not "down": only python and code graders need a layer.
+unsafe or none) and why no better one works (`sandbox_reason`, where one does not); `none` is
+not "down": only python and code graders need a layer, and those are refused with the reason.
 `/metrics` is Prometheus' text format from this app's own registry; the per-status job
 counts (every tenant's) are added only for a caller with the operator's metrics token.
 """
@@ -24,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import SettingsDep
 from api.errors import error_body
 from api.schemas import StatusPublic
-from trainer.graders import sandbox_layer
+from trainer.graders.sandbox.layer import layer_status
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +73,14 @@ def readyz(request: Request, settings: SettingsDep) -> Response:
     }
     down = {k: v for k, v in problems.items() if v}
     checks = {k: (v or "ok") for k, v in problems.items()}
-    layer = sandbox_layer()
+    sandbox = layer_status()
+    reason = sandbox.reason or None
     if down:
         body = error_body(503, "not ready: " + "; ".join(down.values()))
-        body["checks"], body["sandbox"] = checks, layer
+        body["checks"], body["sandbox"], body["sandbox_reason"] = checks, sandbox.layer, reason
         return JSONResponse(body, status_code=503)
-    return JSONResponse(StatusPublic(status="ok", checks=checks, sandbox=layer).model_dump())
+    return JSONResponse(StatusPublic(status="ok", checks=checks, sandbox=sandbox.layer,
+                                     sandbox_reason=reason).model_dump(exclude_none=True))
 
 
 @router.get("/metrics", response_class=Response,

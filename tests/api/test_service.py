@@ -33,6 +33,16 @@ def test_readyz_checks_database_and_broker(client, settings):
     assert resp.json()["sandbox"] in ("bubblewrap", "landlock", "unsafe", "none")
 
 
+def test_readyz_says_why_tenant_code_cannot_run_here(client, monkeypatch):
+    from trainer.graders.sandbox import layer
+
+    why = "bubblewrap: not installed; landlock: the kernel has no Landlock"
+    monkeypatch.setattr(layer, "_probe", lambda: layer.LayerStatus("none", why))
+    monkeypatch.delenv(layer.UNSAFE_ENV, raising=False)
+    body = client.get("/readyz").json()
+    assert body["sandbox"] == "none" and body["sandbox_reason"] == why
+
+
 def test_readyz_is_503_naming_the_broker(settings, enqueued):
     bad = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
     with TestClient(create_app(bad, enqueue=enqueued)) as client:

@@ -2,6 +2,9 @@
 unsafe override (rlimits + seccomp, no namespaces) when asked for."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from trainer.graders import GraderRuntime, SandboxUnavailable
@@ -72,3 +75,56 @@ def test_a_runner_that_died_while_idle_is_not_charged_to_the_next_sample():
                 os.kill(pid, signal.SIGKILL)
         results = runtime.grade(ok, ["x"] * 3, [{}] * 3)
     assert [r.reward for r in results] == [1.0] * 3 and not any(r.failed for r in results)
+
+
+@pytest.fixture
+def fresh_probe():
+    """The layer is probed once per process: probe again here, and again after the test."""
+    layer._probe.cache_clear()
+    yield
+    layer._probe.cache_clear()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop happens for a root service")
+def test_a_python_installation_the_sandbox_uid_cannot_reach_is_refused(
+        fresh_probe, monkeypatch, tmp_path):
+    """Where no layer can run tenant code without root, it is refused, and the reason (also
+    on /readyz) names the folder the operator must open."""
+    locked = tmp_path / "locked-python"
+    locked.mkdir(mode=0o700)
+    real = layer._python_paths()
+    monkeypatch.setattr(layer, "_python_paths", lambda: real + [str(locked)])
+    monkeypatch.delenv(layer.UNSAFE_ENV, raising=False)
+    status = layer.layer_status()
+    assert status.layer == "none", status
+    assert "bubblewrap:" in status.reason and "landlock:" in status.reason
+    assert str(tmp_path) in status.reason and "chmod o+x" in status.reason, status.reason
+    with GraderRuntime() as runtime, pytest.raises(SandboxUnavailable, match="chmod o"):
+        runtime.grade(PY, ["x"], [{}])
+
+
+@pytest.mark.timeout(120)
+def test_bwrap_is_found_wherever_the_operator_put_it(fresh_probe, monkeypatch):
+    import shutil
+    import tempfile
+
+    found = shutil.which("bwrap", path=":".join(layer.BWRAP_DIRS))
+    if found is None:
+        pytest.skip("bubblewrap is not installed") if not os.environ.get("CI") else \
+            pytest.fail("CI installs bubblewrap")
+    monkeypatch.setenv("PATH", "/nonexistent")  # not on PATH: the usual folders are searched
+    assert layer.bwrap_binary() == found
+    elsewhere = Path(tempfile.mkdtemp(prefix="brorl-opt-"))
+    try:
+        elsewhere.chmod(0o755)
+        shutil.copy2(found, elsewhere / "bwrap")
+        monkeypatch.setenv("BRORL_BWRAP_PATH", str(elsewhere / "bwrap"))
+        assert layer.bwrap_binary() == str(elsewhere / "bwrap")
+        assert layer.runner_command("bubblewrap", "python", layer.Limits())[0] == \
+            str(elsewhere / "bwrap")
+        assert layer._why_not("bubblewrap") == ""
+        monkeypatch.setenv("BRORL_BWRAP_PATH", str(elsewhere / "missing"))
+        assert "not installed" in layer._why_not("bubblewrap")
+    finally:
+        shutil.rmtree(elsewhere)
