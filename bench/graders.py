@@ -2,7 +2,7 @@
 grader programs/s, with pooled sandboxes (the trainer's path: one GraderRuntime, many
 batches). Prints the figures and writes them to bench/out/graders.json.
 
-    python bench/graders.py [--samples 8192] [--programs 512] [--pool 2]
+    python bench/graders.py [--samples 8192] [--programs 512] [--pool 2] [--layer landlock]
 
 Targets (2-core machine): >= 1,000 python samples/s, >= 50 programs/s.
 """
@@ -46,8 +46,17 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8192)
     ap.add_argument("--programs", type=int, default=512)
     ap.add_argument("--pool", type=int, default=2)
+    ap.add_argument("--layer", choices=["bubblewrap", "landlock"],
+                    help="force this layer (default: the best that works here)")
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "graders.json"))
     args = ap.parse_args()
+    if args.layer:
+        from trainer.graders.sandbox import layer as layers
+
+        why = layers._why_not(args.layer)
+        if why:
+            raise SystemExit(f"the {args.layer} layer does not work here: {why}")
+        layers._probe = lambda: layers.LayerStatus(args.layer)
     rows = [json.loads(line) for line in (REPO / "examples/data/code_problems.jsonl").open()]
     items = [rows[i % len(rows)] for i in range(args.programs)]
     programs = [f"```python\n{row['answer']}```" for row in items]

@@ -219,7 +219,7 @@ class GraderRuntime:
         # The runner kills a sample's process 2 s past its timer; 10 s covers that and a
         # fresh process's start.
         replies = self.pool("python").map(list(zip(samples, items)), request,
-                                          item_timeout_s=timeout + 10.0, chunk=128,
+                                          item_timeout_s=timeout + 10.0, chunk=512,
                                           stop_check=self.stop_check)
         return [_python_result(reply) for reply in replies]
 
