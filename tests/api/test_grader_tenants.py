@@ -1,7 +1,7 @@
 """Two tenants' graders through /v1/graders/run, on both sandbox layers: a hostile grader
 that tries to plant state, steal rows and rewrite rewards, and an honest one, interleaved
 in any order (hypothesis), never see each other; the API's sandboxes are bounded while
-calls run and gone when they return (issue 32, findings 1 and 6)."""
+calls run and gone when they return (the review's findings 1 and 6)."""
 from __future__ import annotations
 
 import concurrent.futures

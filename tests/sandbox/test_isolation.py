@@ -1,4 +1,4 @@
-"""One test per finding of the hostile-tenant review (issue 32), on both layers: what tenant
+"""One test per finding of the hostile-tenant review of the sandbox, on both layers: what tenant
 code could do to the runner, to later requests, to the service and to the host.
 
 Each asserts that the attack fails, that the grading around it (the same batch, the next

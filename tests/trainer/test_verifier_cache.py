@@ -1,7 +1,7 @@
 """The built-in verifiers' scorers stay bounded: a process that meets many verifier configs
 (the API serving every tenant's `type: verifier` graders) keeps at most `max_entries`
 process pools, closes the least recently used to make room and the idle ones at the next
-use (issue 32: every distinct config left two scorer processes in the API forever)."""
+use (every distinct config used to leave two scorer processes in the API forever)."""
 from __future__ import annotations
 
 import time
