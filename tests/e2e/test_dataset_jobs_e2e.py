@@ -18,7 +18,9 @@ shared task's own questions, rendered as the warm start saw them, so the model a
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,10 +102,15 @@ def _example_specs() -> list[str]:
                   if "task" in (yaml.safe_load(p.read_text()) or {}))
 
 
+@functools.lru_cache(maxsize=1)
+def _shared_examples() -> list:
+    rg = ReasoningGymTask(**shared_task()["reasoning_gym"])
+    return reasoning_gym_task.build(rg, seed=SHARED_SEED).train[:40]
+
+
 def _write_datasets(folder: Path) -> tuple[Path, Path]:
     """The shared task's training questions as {prompt, answer} rows and as RFT rows."""
-    rg = ReasoningGymTask(**shared_task()["reasoning_gym"])
-    examples = reasoning_gym_task.build(rg, seed=SHARED_SEED).train[:40]
+    examples = _shared_examples()
     plain, rft = folder / "plain.jsonl", folder / "rft.jsonl"
     plain.write_text("".join(json.dumps({"prompt": ex.question, "answer": ex.answer}) + "\n"
                              for ex in examples))
@@ -161,6 +168,15 @@ def _check_succeeded(job: dict, stack) -> None:
                                           stack[0].output()[-3000:])
 
 
+def _right(sample: dict) -> float:
+    """What the grader's "right" part must have given `sample`: the row is found by its prompt
+    (the question, rendered as the warm start saw it), its answer compared by hand."""
+    answers = {ex.question: ex.answer for ex in _shared_examples()}
+    question = sample["prompt"].removesuffix(f"\n{PLAIN_INSTRUCTION}\n")
+    m = re.search(r"<answer>(.*?)</answer>", sample["completion"])
+    return float(m is not None and m.group(1).strip() == answers[question])
+
+
 def _trained(job: dict) -> list[dict]:
     return [row["values"] for row in job["metric_rows"] if row["step"] > 0]
 
@@ -176,7 +192,8 @@ def test_a_prompt_dataset_with_a_python_grader_succeeds(finished, stack):
     samples = job["sample_rows"]
     assert samples and all(s["sub_rewards"] == {} for s in samples)
     # The grader's reward is the one trained on: 1 exactly where the answer is the row's.
-    assert {s["reward"] for s in samples} <= {0.0, 1.0}
+    for s in samples:
+        assert s["reward"] == (0.0 if s["truncated"] else _right(s))
 
 
 def test_an_rft_messages_dataset_with_a_multi_grader_reads_reference_answer(finished, stack):
@@ -196,6 +213,7 @@ def test_an_rft_messages_dataset_with_a_multi_grader_reads_reference_answer(fini
         if not s["truncated"]:
             want = 0.75 * s["sub_rewards"]["right"] + 0.25 * s["sub_rewards"]["tagged"]
             assert s["reward"] == pytest.approx(want, abs=1e-6)
+            assert s["sub_rewards"]["right"] == _right(s)  # item["reference_answer"], the row's
     # The prompt is the messages' plain text (builtin:tiny has no chat template).
     assert all(s["prompt"].endswith(f"\n{PLAIN_INSTRUCTION}\n") for s in samples)
 
