@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import annotated_types
 import pytest
+import yaml
 from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
 from pydantic import BaseModel, ValidationError
 
@@ -204,3 +205,10 @@ def test_a_verifier_and_a_grader_together_are_still_refused():
     for dataset in ({"id": "ds_1", "verifier": "exact"}, {"id": "ds_1", "numeric_tolerance": 0.1}):
         with pytest.raises(ValidationError, match="give either task.grader or the dataset's verifier"):
             JobSpec.model_validate({"name": "x", "task": {"dataset": dataset, "grader": GRADERS[0]}})
+
+
+def test_every_example_spec_validates_and_round_trips():
+    specs = [p for p in sorted(EXAMPLES.rglob("*.y*ml")) if "task" in (yaml.safe_load(p.read_text()) or {})]
+    assert len(specs) >= 4  # examples/*.yaml, examples/graders/code_spec.yaml, ...
+    for path in specs:
+        _round_trips(JobSpec, JobSpec.model_validate(yaml.safe_load(path.read_text())))
