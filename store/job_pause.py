@@ -2,10 +2,11 @@
 
 A pause is a stop that keeps the job: the API sets `pause_requested` on a running job (a
 queued one, which no worker holds, is paused at once); the worker reads the flag with its
-heartbeat, stops at the next step as it does for a cancel (the trainer saves a checkpoint on
-its way out) and writes `paused` with its lease released (`pause_attempt`). Resuming moves a
-paused job back to queued; the caller commits and enqueues it, and the next claim resumes
-from the job's latest checkpoint (worker.runner's `_resume_dir`), as a retried job does.
+heartbeat, stops as it does for a cancel (within the current step, which a resume redoes,
+or between two, when the trainer saves a checkpoint on its way out) and writes `paused`
+with its lease released (`pause_attempt`). Resuming moves a paused job back to queued; the
+caller commits and enqueues it, and the next claim resumes from the job's latest checkpoint
+(worker.runner's `_resume_dir`), as a retried job does.
 Every transition is a compare-and-set, as in store.jobs, and the same functions serve the
 native routes and the OpenAI-shaped ones.
 """

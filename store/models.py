@@ -157,7 +157,7 @@ class EventType(StrEnum):
     broadened = "broadened"  # rollout.broaden started a wider stage on a plateau (trainer.loop)
     progress = "progress"    # a probe's samples done of its total (worker.probe_runner)
     broaden_skipped = "broaden_skipped"  # rollout.broaden trigger probe found too little to broaden for
-    pause_requested = "pause_requested"  # a running job stops at its next step, then `paused`
+    pause_requested = "pause_requested"  # a running job stops as for a cancel, then `paused`
     paused = "paused"
     resumed = "resumed"    # a paused job queued again; the next attempt resumes its checkpoint
 

@@ -91,7 +91,7 @@ def cancel_job(job_id: str, session: SessionDep, tenant: TenantDep) -> dict[str,
 
 @router.post("/jobs/{job_id}/pause")
 def pause_job(job_id: str, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
-    """Queued: paused at once; running: pauses at its next step, keeping its checkpoint."""
+    """Queued: paused at once; running: stops as for a cancel, keeping its checkpoints."""
     job = job_pause.request_pause(session, tenant.id, job_id)
     session.commit()
     return _job(session, job)

@@ -105,7 +105,7 @@ def _event_text(event: JobEvent) -> tuple[str, str]:
         EventType.warning: str(d.get("message", "warning")),
         EventType.broadened: f"Broadened at step {d.get('step')}: N={d.get('n')}",
         EventType.broaden_skipped: f"Broadening skipped at step {d.get('step')}",
-        EventType.pause_requested: "Pause requested; the job pauses at its next step",
+        EventType.pause_requested: "Pause requested; the job stops and pauses",
         EventType.paused: "Fine-tuning job paused",
         EventType.resumed: "Fine-tuning job resumed",
     }

@@ -173,8 +173,8 @@ def cancel_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobPublic
 @router.post("/{job_id}/pause", response_model=JobPublic,
              responses={409: {"description": "The job already finished or is being cancelled."}})
 def pause_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobPublic:
-    """Queued: paused at once. Running: `pause_requested` (the worker stops at its next step,
-    keeps its checkpoint, and the job becomes `paused`)."""
+    """Queued: paused at once. Running: `pause_requested` (the worker stops as for a cancel,
+    keeps its checkpoints, and the job becomes `paused`)."""
     job = job_pause.request_pause(session, tenant.id, job_id)
     session.commit()
     return JobPublic.model_validate(job)

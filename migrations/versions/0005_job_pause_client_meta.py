@@ -2,7 +2,7 @@
 said that the spec does not hold.
 
 `pause_requested` is the flag a running job's worker reads with its heartbeat (like
-`cancel_requested`): it stops at the next step, keeps its checkpoint and the job becomes
+`cancel_requested`): it stops as for a cancel, keeps its checkpoints and the job becomes
 `paused`; resuming queues it again and the next attempt resumes from that checkpoint.
 `client_meta` holds the OpenAI fine-tuning surface's own fields of a job (`metadata`,
 `suffix`, `validation_file`, the hyperparameters as asked; api/openai): null for jobs made

@@ -101,3 +101,46 @@ def test_the_sdk_trains_a_reinforcement_job_to_succeeded(stack, tmp_path) -> Non
                cast_to=openai._legacy_response.HttpxBinaryResponseContent).write_to_file(archive)
     with tarfile.open(archive) as tar:
         assert "config.json" in tar.getnames()
+
+
+def test_the_sdk_pauses_and_resumes_a_running_job(stack) -> None:
+    """A pause stops the real trainer within its current step, keeping its checkpoints; resume
+    continues from the newest in a new attempt, and the job trains to the end."""
+    stack, model_dir = stack
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.key, max_retries=0)
+    training = client.files.create(file=("rft.jsonl", _rft_rows(8)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=str(model_dir), training_file=training.id, seed=SHARED_SEED,
+        method={"type": "reinforcement", "reinforcement": {"grader": GRADER, "hyperparameters": {
+            "n_epochs": 3, "batch_size": 2, "compute_multiplier": 0.25, "eval_samples": 2}}},
+        extra_body={"brorl": BRORL})
+    total = job.model_extra["total_steps"]
+    assert total == 11  # ceil(3 epochs x 7 rows / 2)
+
+    def wait(until, timeout: float = 600):
+        deadline = time.monotonic() + timeout
+        while True:
+            current = client.fine_tuning.jobs.retrieve(job.id)
+            if until(current) or current.status in ("succeeded", "failed", "cancelled"):
+                return current
+            assert time.monotonic() < deadline, current
+            time.sleep(0.5)
+
+    wait(lambda j: j.status == "running" and j.model_extra["step"] >= 1)
+    client.fine_tuning.jobs.pause(job.id)
+    paused = wait(lambda j: j.status == "paused")
+    assert paused.status == "paused", (paused.error, stack.output()[-3000:])
+    assert paused.model_extra["step"] < total
+    # The stop falls inside a step (then that step is redone on resume) or between two (then
+    # the trainer saves one on its way out): the newest checkpoint is at most the paused step.
+    saved = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert all(c.step_number <= paused.model_extra["step"] for c in saved)
+
+    assert client.fine_tuning.jobs.resume(job.id).status == "queued"
+    done = wait(lambda j: False, timeout=800)
+    events = list(client.fine_tuning.jobs.list_events(job.id, limit=100))
+    assert done.status == "succeeded", (done.error, [e.message for e in events][:8])
+    messages = [e.message for e in reversed(events)]
+    assert messages.index("Fine-tuning job paused") < messages.index("Fine-tuning job resumed")
+    assert [e.data["attempt"] for e in reversed(events) if e.data["type"] == "started"] == [1, 2]
+    assert done.fine_tuned_model == f"ft:{job.id}:step-{total}"
