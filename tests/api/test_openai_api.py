@@ -336,3 +336,27 @@ def test_alpha_graders_run_and_validate(sdk) -> None:
     with pytest.raises(openai.BadRequestError) as exc:
         sdk.fine_tuning.alpha.graders.validate(grader={**grader, "operation": "nearly"})
     assert exc.value.param and "operation" in exc.value.param
+
+
+def test_job_quota_is_a_rate_limit_error_not_retried(settings, enqueued, key) -> None:
+    from api.app import create_app
+
+    app = create_app(settings.model_copy(update={"max_active_jobs_per_tenant": 1}),
+                     enqueue=enqueued)
+    with serve(app) as url:
+        # max_retries=2, the SDK's default: x-should-retry: false must stop it retrying.
+        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=2)
+        training = sdk.files.create(file=("rft.jsonl", jsonl(ROWS)), purpose="fine-tune")
+        first = create(sdk, training)
+        with pytest.raises(openai.RateLimitError) as exc:
+            create(sdk, training)
+        assert exc.value.code == "quota_exceeded"
+        assert exc.value.response.headers["x-should-retry"] == "false"
+        # A paused job frees its slot; resuming it needs the slot back.
+        sdk.fine_tuning.jobs.pause(first.id)
+        second = create(sdk, training)
+        with pytest.raises(openai.RateLimitError):
+            sdk.fine_tuning.jobs.resume(first.id)
+        sdk.fine_tuning.jobs.cancel(second.id)
+        assert sdk.fine_tuning.jobs.resume(first.id).status == "queued"
+    assert len(enqueued) == 3  # first, second, first again: no retried creation
