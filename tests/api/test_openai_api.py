@@ -7,7 +7,7 @@ and that the native routes see the same objects."""
 from __future__ import annotations
 
 import json
-import shutil
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -240,7 +240,6 @@ def test_checkpoints_and_fine_tuned_model(sdk, training_file, database_url, sett
                    cast_to=openai._legacy_response.HttpxBinaryResponseContent)
     out = tmp_path / "model.tar.gz"
     resp.write_to_file(out)
-    import tarfile
     with tarfile.open(out) as tar:
         assert json.load(tar.extractfile("config.json")) == {"step": 4}
     with pytest.raises(openai.NotFoundError):
