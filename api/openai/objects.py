@@ -16,7 +16,7 @@ from typing import Any
 
 from store.models import Checkpoint, Dataset, EventType, Job, JobEvent, JobStatus
 
-from api.openai.mapping import BASE_LR, BASE_N
+from api.openai.mapping import BASE_LR, BASE_N, request_field
 
 CHECKPOINT_NAME = re.compile(r"^ft:(?P<job>[A-Za-z0-9_]{1,40}):step-(?P<step>[0-9]{1,9})$")
 EVENT_PREFIX, CHECKPOINT_PREFIX = "ftevent-", "ftckpt-"
@@ -56,9 +56,14 @@ def job_object(job: Job, last_checkpoint: Checkpoint | None) -> dict[str, Any]:
     status = job.status.value
     error = None
     if job.status == JobStatus.failed:
-        param = job.error.split(":", 1)[0] if job.error and ":" in job.error[:80] else None
-        error = {"code": "job_failed", "message": job.error or "failed",
-                 "param": param if param and " " not in param else None}
+        # A job error that blames a spec field starts with it ("task.grader.source: ...");
+        # a job made here names the request field that set it.
+        field = job.error.split(":", 1)[0] if job.error and ":" in job.error[:80] else None
+        param = None
+        if field and " " not in field:
+            param = request_field(field, meta.get("brorl")) if meta.get("api") == "openai" \
+                else field
+        error = {"code": "job_failed", "message": job.error or "failed", "param": param}
     done = job.status == JobStatus.succeeded and last_checkpoint is not None
     return {
         "id": job.id, "object": "fine_tuning.job", "created_at": ts(job.created_at),
@@ -142,4 +147,5 @@ def cursor_int(value: str | None, prefix: str) -> int | None:
     if value is None:
         return None
     raw = value.removeprefix(prefix).rsplit("-", 1)[-1]
-    return int(raw) if raw.isdigit() else None
+    # At most 18 digits: a larger number overflows the database's 64-bit columns (a 500).
+    return int(raw) if raw.isdigit() and len(raw) <= 18 else None

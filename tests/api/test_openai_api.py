@@ -359,3 +359,23 @@ def test_job_quota_is_a_rate_limit_error_not_retried(settings, enqueued, key) ->
         sdk.fine_tuning.jobs.cancel(second.id)
         assert sdk.fine_tuning.jobs.resume(first.id).status == "queued"
     assert len(enqueued) == 3  # first, second, first again: no retried creation
+
+
+def test_a_failed_job_names_the_request_field_and_bad_cursors_are_refused(
+        sdk, training_file, database_url) -> None:
+    job = create(sdk, training_file)
+    with session_scope(database_url) as s:
+        claim = store_jobs.claim(s, job.id, "test-worker", lease_seconds=60)
+        store_jobs.finish(s, job.id, claim.attempt, "failed",
+                          error="task.grader.source: grade() is missing")
+    failed = sdk.fine_tuning.jobs.retrieve(job.id)
+    assert failed.status == "failed" and failed.error.code == "job_failed"
+    assert failed.error.param == "method.reinforcement.grader.source"
+    assert "grade() is missing" in failed.error.message
+    assert failed.fine_tuned_model is None
+    for after in ("nonsense", "ftevent-" + "9" * 30):
+        with pytest.raises(openai.BadRequestError) as exc:
+            sdk.fine_tuning.jobs.list_events(job.id, after=after)
+        assert exc.value.param == "after"
+    with pytest.raises(openai.BadRequestError):
+        sdk.fine_tuning.jobs.checkpoints.list(job.id, after="ftckpt-" + "9" * 30)
