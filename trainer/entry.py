@@ -20,7 +20,7 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
     is an optional progress callback (the CLI's progress bar).
     """
     if spec.resources.gpus_per_node > 1:
-        from trainer.dist.launch import train_on_ranks
+        from trainer.distributed.launch import train_on_ranks
 
         return train_on_ranks(spec, sink, should_stop, resume, out_dir=Path(out_dir),
                               dataset_path=dataset_path, on_step=on_step)

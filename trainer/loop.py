@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainer.checkpoints import io as checkpoint
-from trainer.dist import collectives as distributed
+from trainer.distributed import collectives as distributed
 from trainer.run import RESUMED_COUNTERS, Run, build_run, spec_sha256
 from trainer.prompt_stream import mix_seed
 from trainer.evaluate import EvalContext, evaluate

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from trainer.checkpoints import io as checkpoint
-from trainer.dist import collectives as distributed
+from trainer.distributed import collectives as distributed
 from trainer.prompt_stream import PromptStream
 from trainer.engines import default_engine, make_engine
 from trainer.models.loading import compute_dtype, load_policy, resolve_device
@@ -207,7 +207,7 @@ def _load_models(spec: JobSpec, model_dir: Path, resume: Path | None, device, cd
     if distributed.active() and spec.model.lora is not None:
         # LoRA on ranks: the frozen base is replicated, not sharded (every rank loaded it
         # whole); the adapter starts as rank 0's, and its gradients are all-reduced in the
-        # update (trainer/dist/collectives.py). Engines and reference are as in one process.
+        # update (trainer/distributed/collectives.py). Engines and reference are as in one process.
         distributed.replicate_from_rank0(trainable_parameters(models.policy))
     elif distributed.active():
         # The HF engine generates with a whole float32 copy, refreshed from the gathered
@@ -237,7 +237,7 @@ def _optimizer_and_state(spec: JobSpec, models: _Models, resume: Path | None, cd
 
 def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
               stop_check: Callable[[], None] = never) -> Run:
-    """Everything the loop needs. On torchrun's ranks (trainer/dist/launch.py joined the process
+    """Everything the loop needs. On torchrun's ranks (trainer/distributed/launch.py joined the process
     group first) the policy is sharded with FSDP2 and each rank's engine holds a whole copy;
     a LoRA policy is replicated instead (each rank holds the base and the adapter)."""
     torch.manual_seed(spec.seed)

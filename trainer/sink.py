@@ -67,7 +67,7 @@ class JsonlSink:
 
 class RecordSink:
     """Every call as one JSON line in `path`, for a process that relays them to the real sink
-    (a rank's metrics reach the worker's database sink through `trainer.dist.launch`)."""
+    (a rank's metrics reach the worker's database sink through `trainer.distributed.launch`)."""
 
     def __init__(self, path: Path) -> None:
         self._file = open(path, "a", buffering=1)

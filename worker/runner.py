@@ -18,7 +18,7 @@ be tested without a broker. One run, top to bottom:
    resume queues it again), or failed (an exception, with a `failed` event carrying a user message; the
    traceback goes to the worker log only, or the wall-clock limit), after the sink has
    written the rows it buffered during a database outage. An exception marked
-   `retryable = True` (a fault of the machine, e.g. `trainer.dist.launch.RankDied` when a rank of
+   `retryable = True` (a fault of the machine, e.g. `trainer.distributed.launch.RankDied` when a rank of
    a many-GPU job dies) is not the job's fault: below `limits.max_attempts` the job is
    queued again (`store.jobs.retry_or_fail`) and enqueued on the queue of its GPU count.
    A fenced run writes nothing: the job is no longer ours. A run stopped because the

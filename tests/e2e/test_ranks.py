@@ -96,7 +96,7 @@ def _rank_pids(job_id: str) -> list[int]:
             cmd = (entry / "cmdline").read_bytes().decode(errors="replace") if entry.name.isdigit() else ""
         except OSError:
             continue
-        if "trainer.dist.rank_main" in cmd and job_id in cmd and "torch.distributed.run" not in cmd:
+        if "trainer.distributed.rank_main" in cmd and job_id in cmd and "torch.distributed.run" not in cmd:
             found.append(int(entry.name))
     return found
 

@@ -10,7 +10,7 @@ survives the trip through HTTP, the database and a worker subprocess:
 - `steps=N`: train N steps instead of 3;
 - `fail`: raise RuntimeError("fake trainer failure") after the first step;
 - `crash`: kill the whole process (os._exit) after the first step, as an OOM kill would;
-- `rankdied`: raise `FakeRankDied` (`retryable = True`, like `trainer.dist.launch.RankDied`)
+- `rankdied`: raise `FakeRankDied` (`retryable = True`, like `trainer.distributed.launch.RankDied`)
   after the first step, as a many-GPU job does when one of its ranks dies;
 - `ckpt`: save (and record) a checkpoint after every step, not only the last.
 - `build`: first build the spec's task as the real trainer does (`trainer.tasks.build_task`,

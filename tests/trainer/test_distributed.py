@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from trainer.dist import collectives as distributed
+from trainer.distributed import collectives as distributed
 from trainer.algo.advantages import ADVANTAGES
 from trainer.rollouts import Generation, Rollouts
 from trainer.spec import JobSpec
@@ -109,7 +109,7 @@ def _rank_main(r: int, ws: int, port: int, out: str, mode: str = "update", ckpt:
         torch.distributed.barrier()  # leave together: a gloo peer torn down mid-exchange aborts
     finally:
         torch.distributed.destroy_process_group()
-    # As trainer.dist.rank_main: skip interpreter teardown, where a thread left by gloo or DCP can
+    # As trainer.distributed.rank_main: skip interpreter teardown, where a thread left by gloo or DCP can
     # abort the process (SIGABRT, "terminate called without an active exception"; 1 run in ~10).
     os._exit(0)
 

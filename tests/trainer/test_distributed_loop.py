@@ -115,7 +115,7 @@ def test_lora_job_on_two_ranks_resumes_in_one_process_and_back(tmp_path):
 
 
 def _ranks_alive(control: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"trainer.dist.rank_main {control}"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", f"trainer.distributed.rank_main {control}"], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
 
 

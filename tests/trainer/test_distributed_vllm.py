@@ -18,7 +18,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.trainer.test_distributed import spawn
-from trainer.dist import collectives as distributed
+from trainer.distributed import collectives as distributed
 
 pytestmark = pytest.mark.integration  # every test starts two gloo ranks
 

@@ -1,11 +1,11 @@
-"""trainer.dist.launch's pieces without torchrun: the relay of rank 0's sink, the outcome of the
+"""trainer.distributed.launch's pieces without torchrun: the relay of rank 0's sink, the outcome of the
 ranks (result, a rank's own error, a dead rank), torchrun's root-cause report."""
 import json
 from pathlib import Path
 
 import pytest
 
-from trainer.dist import launch
+from trainer.distributed import launch
 from trainer.sink import ListSink, RecordSink
 
 
@@ -33,7 +33,7 @@ def test_relay_replays_each_complete_line_once_in_order(tmp_path):
 
 TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-trainer.dist.rank_main FAILED
+trainer.distributed.rank_main FAILED
 ------------------------------------------------------------
 Failures:
   <NO_OTHER_FAILURES>
@@ -125,7 +125,7 @@ def test_the_rank_torchrun_terminated_is_not_the_one_blamed():
 
 PEER_DIES = """
 import json, os, signal, sys, torch, torch.distributed as dist
-from trainer.dist.collectives import is_peer_failure
+from trainer.distributed.collectives import is_peer_failure
 dist.init_process_group("gloo")
 x = torch.ones(4096)
 for i in range(200):
@@ -193,7 +193,7 @@ def test_the_launcher_and_the_loop_do_not_import_each_other():
     import subprocess
     import sys
 
-    for module, other in (("trainer.dist.launch", "trainer.loop"), ("trainer.loop", "trainer.dist.launch")):
+    for module, other in (("trainer.distributed.launch", "trainer.loop"), ("trainer.loop", "trainer.distributed.launch")):
         code = f"import sys, {module}; assert '{other}' not in sys.modules, '{module} imports {other}'"
         subprocess.run([sys.executable, "-c", code], check=True)
 

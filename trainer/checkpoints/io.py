@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file, save_model
 
 from trainer.checkpoints import format as ckpt_format
-from trainer.dist import collectives as distributed
+from trainer.distributed import collectives as distributed
 from trainer.models.lora import MERGED_DIR, is_lora, write_merged
 from trainer.checkpoints.format import CheckpointError, list_checkpoints, verify  # noqa: F401 - re-exported
 

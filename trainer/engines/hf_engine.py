@@ -32,7 +32,7 @@ import time
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from trainer.dist.collectives import iter_full_state
+from trainer.distributed.collectives import iter_full_state
 from trainer.engines.base import WeightSyncError
 from trainer.optim.update import autocast
 from trainer.rollouts import Generation, SamplingConfig

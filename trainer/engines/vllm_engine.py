@@ -40,7 +40,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
 
-from trainer.dist import collectives as distributed  # noqa: E402
+from trainer.distributed import collectives as distributed  # noqa: E402
 from trainer.engines.base import (WeightSyncError, logprob_tolerance, probe_tokens,  # noqa: E402
                                   trainer_token_logprobs)
 from trainer.models.loading import DTYPES  # noqa: E402

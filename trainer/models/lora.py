@@ -123,7 +123,7 @@ class AdapterReference(torch.nn.Module):
         return result
 
     def copy_weights_from(self, policy: torch.nn.Module) -> None:
-        """A reference reset (`trainer.dist.collectives.copy_weights`): snapshot the adapter."""
+        """A reference reset (`trainer.distributed.collectives.copy_weights`): snapshot the adapter."""
         self.load_state_dict(policy.state_dict())
 
     @contextlib.contextmanager

@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from trainer.dist import collectives as distributed
+from trainer.distributed import collectives as distributed
 
 
 def autocast(device: torch.device, compute_dtype: torch.dtype):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from trainer.dist import collectives as distributed
+from trainer.distributed import collectives as distributed
 from trainer.algo.losses import (
     KL_ESTIMATORS,
     is_ratio,
@@ -203,7 +203,7 @@ def uses_shared_prefix(model, prompt_ids, enabled: bool = True) -> bool:
     if not enabled or getattr(model, "is_gradient_checkpointing", False):
         return False
     # Sharded (FSDP2): one forward per micro-batch, so that ranks with fewer micro-batches can
-    # match the others' all-gathers with one zero-weight pass each (trainer/dist/collectives.py).
+    # match the others' all-gathers with one zero-weight pass each (trainer/distributed/collectives.py).
     if distributed.is_sharded(model):
         return False
     return len({tuple(p) for p in prompt_ids}) < len(prompt_ids)
@@ -462,7 +462,7 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     if minibatch.advantages is None:
         raise ValueError("minibatch.advantages is None: compute advantages before the update")
     # On many ranks the mini-batch is the union of every rank's share: its token count (the
-    # loss denominator) and the statistics are sums over ranks (trainer/dist/collectives.py).
+    # loss denominator) and the statistics are sums over ranks (trainer/distributed/collectives.py).
     n_tokens = int(distributed.all_sum_floats([sum(len(r) for r in minibatch.response_ids)])[0])
     totals = dict.fromkeys(STAT_KEYS, 0.0)
     chunks, shared = _chunks(model, minibatch.prompt_ids, minibatch.response_ids, max_tokens, cfg.shared_prefix,

@@ -1,4 +1,4 @@
-"""One job on G ranks of this node: `torchrun` starts `trainer.dist.rank_main` G times.
+"""One job on G ranks of this node: `torchrun` starts `trainer.distributed.rank_main` G times.
 
 The calling process (the Celery worker, or `brorl train --nproc`) keeps the job: its lease,
 heartbeat and cancel stay here. It talks to the ranks through files in `<out_dir>/ranks/`:
@@ -88,8 +88,8 @@ class _Relay:
 
 
 def _rank_pids(control: Path) -> list[int]:
-    """Live processes running `trainer.dist.rank_main <control>` (read from /proc)."""
-    want = f"trainer.dist.rank_main\0{control}\0".encode()
+    """Live processes running `trainer.distributed.rank_main <control>` (read from /proc)."""
+    want = f"trainer.distributed.rank_main\0{control}\0".encode()
     pids = []
     for entry in Path("/proc").iterdir():
         try:
@@ -142,7 +142,7 @@ def _dead_rank(log_text: str, raised: set[int] = frozenset()) -> tuple[int | Non
 
 def _command(control: Path, nproc: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "trainer.dist.rank_main", str(control)]
+            "-m", "trainer.distributed.rank_main", str(control)]
 
 
 def train_on_ranks(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool],

@@ -1,10 +1,10 @@
-"""What torchrun runs on each rank: `python -m trainer.dist.rank_main <control folder>`.
+"""What torchrun runs on each rank: `python -m trainer.distributed.rank_main <control folder>`.
 
 Joins the process group, then runs the ordinary loop (`trainer.loop.train_in_process`) on the spec in
 `job.json`: rank 0 reports to `sink.jsonl`, the others to nothing; all stop when the launcher
 writes `stop`. An exception goes to `error-<rank>.json`, marked `peer_failure` when it is a
 collective broken by another rank's death (the launcher then blames that rank, not this one).
-See `trainer.dist.launch` for the folder's other files.
+See `trainer.distributed.launch` for the folder's other files.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from trainer.dist import collectives as distributed
+from trainer.distributed import collectives as distributed
 from trainer.sink import NullSink, RecordSink
 
 
