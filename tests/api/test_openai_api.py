@@ -143,6 +143,12 @@ def test_create_maps_onto_the_spec(sdk, client, auth, training_file, enqueued) -
     assert spec["task"]["dataset"]["id"] == training_file.id
     assert spec["task"]["grader"]["source"] == PYTHON_GRADER["source"]
     assert spec["task"]["reward"] == "score"
+    # A validation file is checked to be the caller's and kept on the job.
+    valid = sdk.files.create(file=("valid.jsonl", jsonl(ROWS[:3])), purpose="fine-tune")
+    assert create(sdk, training_file, validation_file=valid.id).validation_file == valid.id
+    with pytest.raises(openai.NotFoundError) as exc:
+        create(sdk, training_file, validation_file="ds_missing")
+    assert exc.value.param == "validation_file"
 
 
 def test_brorl_settings_through_extra_body(sdk, client, auth, training_file) -> None:
