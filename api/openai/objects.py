@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from store.models import Checkpoint, Dataset, EventType, Job, JobEvent, JobStatus
+from trainer.graders.models import parse_grader
 
 from api.openai.mapping import BASE_LR, BASE_N, request_field
 
@@ -46,6 +47,17 @@ def _native_hyperparameters(spec: dict[str, Any]) -> dict[str, Any]:
             "learning_rate_multiplier": ((spec.get("optim") or {}).get("lr") or BASE_LR) / BASE_LR,
             "eval_interval": ev.get("every"), "eval_samples": ev.get("samples_per_prompt"),
             "reasoning_effort": "default"}
+
+
+def _grader(grader: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The grader as /graders/validate returns it: defaults written out (a `name` where the
+    user left it out), which OpenAI's SDK types require."""
+    if grader is None:
+        return None
+    try:
+        return parse_grader(grader).model_dump(mode="json", exclude_none=True)
+    except ValueError:  # stored by an older version with other rules: show it as stored
+        return grader
 
 
 def job_object(job: Job, last_checkpoint: Checkpoint | None) -> dict[str, Any]:
@@ -80,7 +92,7 @@ def job_object(job: Job, last_checkpoint: Checkpoint | None) -> dict[str, Any]:
         "estimated_finish": None, "integrations": [],
         "metadata": meta.get("metadata") or None,
         "method": {"type": "reinforcement", "reinforcement": {
-            "grader": task.get("grader"), "hyperparameters": hp}},
+            "grader": _grader(task.get("grader")), "hyperparameters": hp}},
         # This service's own: progress, and the native view of the same job.
         "user_provided_suffix": meta.get("suffix"),
         "step": job.step, "total_steps": job.total_steps, "warning": job.warning,

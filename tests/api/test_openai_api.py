@@ -385,3 +385,26 @@ def test_a_failed_job_names_the_request_field_and_bad_cursors_are_refused(
         assert exc.value.param == "after"
     with pytest.raises(openai.BadRequestError):
         sdk.fine_tuning.jobs.checkpoints.list(job.id, after="ftckpt-" + "9" * 30)
+
+
+def test_objects_validate_against_the_sdks_own_types(sdk, training_file, database_url) -> None:
+    """The SDK builds its objects without validation; validating the raw JSON with its types
+    checks every field's name and type (statuses in its list; `paused` is not in it)."""
+    from openai.types import FileObject
+    from openai.types.fine_tuning import FineTuningJob, FineTuningJobEvent
+    from openai.types.fine_tuning.jobs import FineTuningJobCheckpoint
+
+    job = create(sdk, training_file, suffix="typed", metadata={"k": "v"})
+    with session_scope(database_url) as s:
+        claim = store_jobs.claim(s, job.id, "test-worker", lease_seconds=60)
+        store_jobs.record_checkpoint(s, job.id, claim.attempt, 1, "/nonexistent", 1, "0" * 64)
+        store_jobs.finish(s, job.id, claim.attempt, "failed", error="boom")
+    raw = sdk.fine_tuning.jobs.with_raw_response
+    FineTuningJob.model_validate(raw.retrieve(job.id).http_response.json())
+    for page, model in ((raw.list_events(job.id), FineTuningJobEvent),
+                        (sdk.fine_tuning.jobs.checkpoints.with_raw_response.list(job.id),
+                         FineTuningJobCheckpoint),
+                        (raw.list(), FineTuningJob),
+                        (sdk.files.with_raw_response.list(), FileObject)):
+        data = page.http_response.json()["data"]
+        assert data and all(model.model_validate(item) for item in data)
