@@ -41,6 +41,7 @@ BASE_LR = 1e-6       # OptimSpec's default: learning_rate_multiplier 1 keeps it
 BASE_N = 16          # the default schedule's first stage: compute_multiplier 1 keeps it
 DEFAULT_BATCH = 16
 DEFAULT_EVAL_K = (1, 4, 16)
+DEFAULT_EVAL_FRACTION = 0.05  # DatasetTask's default held-out share
 EFFORT_TOKENS = {"default": 256, "low": 256, "medium": 1024, "high": 4096}
 MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 # What the OpenAI fields set; `brorl` may not set them a second time.
@@ -148,6 +149,16 @@ def _has_path(tree: dict[str, Any], dotted: str) -> bool:
     return True
 
 
+def _fraction_at(tree: dict[str, Any], dotted: str, default: float) -> float:
+    """The number at `dotted` when it is one in (0, 1), else `default` (the spec's own
+    validation then names a bad value)."""
+    node: Any = tree
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    ok = isinstance(node, (int, float)) and not isinstance(node, bool) and 0 < node < 1
+    return float(node) if ok else default
+
+
 def train_rows(rows: int, eval_fraction: float) -> int:
     """Rows left for training after the held-out split (trainer.tasks.dataset_task.split)."""
     if rows < 2:
@@ -188,8 +199,7 @@ def build_spec(body: JobCreate, rows: int) -> tuple[JobSpec, dict[str, Any]]:
             raise bad_request(f"method.reinforcement.hyperparameters.{name}",
                               "conflicts with brorl.rollout.schedule, which sets the steps, "
                               "prompts a step and N itself; give one of them")
-    eval_fraction = float((brorl.get("task") or {}).get("dataset", {}).get("eval_fraction", 0.05)
-                          if isinstance((brorl.get("task") or {}).get("dataset"), dict) else 0.05)
+    eval_fraction = _fraction_at(brorl, "task.dataset.eval_fraction", DEFAULT_EVAL_FRACTION)
     resolved = resolved_hyperparameters(hp, rows, eval_fraction)
     batch, epochs = resolved["batch_size"], resolved["n_epochs"]
     n = min(4096, max(2, round(BASE_N * resolved["compute_multiplier"])))

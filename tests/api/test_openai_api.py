@@ -408,3 +408,18 @@ def test_objects_validate_against_the_sdks_own_types(sdk, training_file, databas
                         (sdk.files.with_raw_response.list(), FileObject)):
         data = page.http_response.json()["data"]
         assert data and all(model.model_validate(item) for item in data)
+
+
+def test_hostile_brorl_objects_are_bad_requests(sdk, training_file) -> None:
+    for brorl, param in (({"task": "x"}, "brorl.task"),
+                         ({"task": {"dataset": {"eval_fraction": "lots"}}},
+                          "brorl.task.dataset.eval_fraction"),
+                         ({"task": {"grader": {"type": "string_check"}}}, "brorl.task.grader"),
+                         ({"rollout": {"schedule": "wide"}}, "brorl.rollout.schedule"),
+                         ({"spec_version": 2}, "brorl.spec_version")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            create(sdk, training_file, method=rl_method(), extra_body={"brorl": brorl})
+        assert exc.value.param == param, (brorl, exc.value.body)
+    job = create(sdk, training_file, method=rl_method(n_epochs=1, batch_size=2),
+                 extra_body={"brorl": {"task": {"dataset": {"eval_fraction": 0.5}}}})
+    assert job.model_extra["total_steps"] == 3  # 6 of 12 rows held out: ceil(6 / 2)
