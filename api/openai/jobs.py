@@ -21,7 +21,7 @@ from store.models import Job
 from api.deps import EnqueueDep, SessionDep, SettingsDep, TenantDep
 from api.errors import ApiError
 from api.openai.errors import OpenAIError, OpenAIRoute, bad_request
-from api.openai.mapping import JobCreate, build_spec, request_field
+from api.openai.mapping import JobCreate, build_spec, check_text, request_field
 from api.openai.objects import (
     CHECKPOINT_NAME, CHECKPOINT_PREFIX, EVENT_PREFIX, checkpoint_object, cursor_int,
     event_object, job_object)
@@ -46,6 +46,7 @@ def create_job(body: JobCreate, session: SessionDep, settings: SettingsDep, tena
                enqueue: EnqueueDep, request: Request, response: Response,
                idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
     """Create a reinforcement fine-tuning job (OpenAI answers 200, and so does this)."""
+    check_text(body)
     training = datasets.get_dataset(session, tenant.id, body.training_file)
     if training is None:
         raise OpenAIError(404, f"training_file: no file {body.training_file!r} (upload it with "

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainer.spec import FieldError, JobSpec, spec_errors
+from trainer.spec_base import _first_bad_text
 
 from api.openai.errors import bad_request
 
@@ -95,6 +96,14 @@ class JobCreate(BaseModel):
     integrations: list[dict[str, Any]] | None = None
     brorl: dict[str, Any] | None = Field(
         None, description="BroRL's own settings: part of a JobSpec merged over the mapping.")
+
+
+def check_text(body: JobCreate) -> None:
+    """400 naming the first string a database would refuse (NUL, a lone surrogate), before
+    an id is looked up or anything stored: PostgreSQL fails on them with a 500 otherwise."""
+    found = _first_bad_text(body.model_dump(exclude_none=True), "")
+    if found is not None:
+        raise bad_request(*found)
 
 
 def _value(v: Any, default: Any) -> Any:

@@ -423,3 +423,16 @@ def test_hostile_brorl_objects_are_bad_requests(sdk, training_file) -> None:
     job = create(sdk, training_file, method=rl_method(n_epochs=1, batch_size=2),
                  extra_body={"brorl": {"task": {"dataset": {"eval_fraction": 0.5}}}})
     assert job.model_extra["total_steps"] == 3  # 6 of 12 rows held out: ceil(6 / 2)
+
+
+def test_text_a_database_cannot_store_is_a_bad_request(sdk, training_file) -> None:
+    for kwargs, param in (({"metadata": {"k": "a\x00b"}}, "metadata.k"),
+                          ({"validation_file": "ds_\x00"}, "validation_file"),
+                          ({"suffix": "x\x00"}, "suffix")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            create(sdk, training_file, **kwargs)
+        assert exc.value.param == param, exc.value.body
+    with pytest.raises(openai.BadRequestError) as exc:
+        sdk.fine_tuning.jobs.create(model="builtin:tiny", training_file="ds_\x00",
+                                    method=rl_method())
+    assert exc.value.param == "training_file"
