@@ -72,6 +72,8 @@ class JobSummary(_Public):
     finished_at: datetime | None = None
     attempt: int = Field(description="How many times a worker claimed the job (0 while queued).")
     cancel_requested: bool
+    pause_requested: bool = Field(False, description="A pause was asked for; the running job "
+                                  "stops and becomes `paused` (POST /v1/jobs/{id}/resume).")
     step: int = Field(description="The last step that wrote metrics.")
     total_steps: int
     error: str | None = None

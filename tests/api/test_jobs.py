@@ -132,3 +132,21 @@ def test_other_tenants_job_is_404_like_an_unknown_id(client, auth, other_auth):
         assert_error(client.get(url.replace(job, "job_unknown"), headers=auth), 404, "not_found")
     assert_error(client.post(f"/v1/jobs/{job}/cancel", headers=other_auth), 404, "not_found")
     assert client.get(f"/v1/jobs/{job}", headers=auth).json()["status"] == "queued"
+
+
+def test_pause_and_resume(client, auth, database_url, enqueued):
+    """Queued: paused at once, resumed to queued and enqueued again; running: the pause is a
+    request the worker acts on (tests/worker/test_pause.py), shown as pause_requested."""
+    job_id = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
+    paused = client.post(f"/v1/jobs/{job_id}/pause", headers=auth).json()
+    assert paused["status"] == "paused"
+    assert client.get("/v1/jobs?status=paused", headers=auth).json()["data"][0]["id"] == job_id
+    assert client.post(f"/v1/jobs/{job_id}/resume", headers=auth).json()["status"] == "queued"
+    assert enqueued == [job_id, job_id]
+    assert client.post(f"/v1/jobs/{job_id}/resume", headers=auth).status_code == 409
+    with session_scope(database_url) as s:
+        store_jobs.claim(s, job_id, "w", lease_seconds=60)
+    running = client.post(f"/v1/jobs/{job_id}/pause", headers=auth).json()
+    assert running["status"] == "running" and running["pause_requested"] is True
+    client.post(f"/v1/jobs/{job_id}/cancel", headers=auth)
+    assert client.post(f"/v1/jobs/{job_id}/pause", headers=auth).status_code == 409
