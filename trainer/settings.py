@@ -1,7 +1,7 @@
 """The environment variables the trainer reads on its own, in one place.
 
-Everything else a run needs comes from the job spec; these three are the machine's business
-(how many threads, where to cache built models, how long ranks get to stop), set by the
+Everything else a run needs comes from the job spec; these are the machine's business
+(how many threads, where to cache built models, how long ranks get to stop, what starts them), set by the
 operator. Read fresh on each call, so a test or a worker can change them between runs.
 """
 from __future__ import annotations
@@ -22,6 +22,16 @@ class TrainerSettings(BaseSettings):
     cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "brorl",
                             description="where builtin:tiny and other built models are cached")
     rank_stop_grace_s: float = Field(120.0, gt=0, description="seconds ranks get to stop before a kill")
+    launcher: str = Field("local", description="what starts a many-rank job's ranks (trainer.distributed.launchers)")
+
+    @field_validator("launcher")
+    @classmethod
+    def _known_launcher(cls, v: str) -> str:
+        from trainer.distributed.launchers import LAUNCHERS  # the registry, kept with the launchers
+
+        if v not in LAUNCHERS:
+            raise ValueError(f"no such launcher; choose one of {', '.join(sorted(LAUNCHERS))}")
+        return v
 
     @field_validator("torch_threads", mode="before")
     @classmethod

@@ -50,6 +50,21 @@ def _hub_offline_unless_allowed(**_: object) -> None:
 
 
 @worker_init.connect
+def _log_rank_launcher(**_: object) -> str | None:
+    # Many-GPU jobs start their ranks through this launcher (BRORL_LAUNCHER); a bad name is
+    # said here, at start, as well as by each such job it fails.
+    from trainer.distributed.launchers import configured_launcher
+
+    try:
+        name = configured_launcher().name
+    except ValueError as exc:
+        logging.getLogger(__name__).error("rank launcher: %s", exc)
+        return None
+    logging.getLogger(__name__).info("rank launcher: %s", name)
+    return name
+
+
+@worker_init.connect
 def _log_sandbox_layer(**_: object) -> str:
     # Python and code graders run only inside this layer; with "none" a job that needs one
     # fails at its start with the reason (docs/graders.md, The sandbox). Probed once here so

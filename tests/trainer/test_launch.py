@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.distributed import launch
+from trainer.distributed import launch, local
 from trainer.sink import ListSink, RecordSink
 
 
@@ -118,9 +118,9 @@ def test_a_survivor_s_broken_collective_is_blamed_on_the_killed_rank(tmp_path):
 def test_the_rank_torchrun_terminated_is_not_the_one_blamed():
     report = SURVIVOR_FIRST_REPORT.replace("exitcode  : 1 (pid: 5506)", "exitcode  : -15 (pid: 5506)")
     report = report.replace("[1]:", "[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 5506)\n[1]:", 1)
-    assert launch._dead_rank(report) == (1, -9)
-    assert launch._dead_rank(report, raised={1}) == (0, -15)
-    assert launch._dead_rank("no report") == (None, None)
+    assert local._dead_rank(report) == (1, -9)
+    assert local._dead_rank(report, raised={1}) == (0, -15)
+    assert local._dead_rank("no report") == (None, None)
 
 
 PEER_DIES = """

@@ -1,35 +1,31 @@
-"""One job on G ranks of this node: `torchrun` starts `trainer.distributed.rank_main` G times.
+"""One job on many ranks, whoever starts them: the calling process's side of the attempt.
 
 The calling process (the Celery worker, or `brorl train --nproc`) keeps the job: its lease,
-heartbeat and cancel stay here. It talks to the ranks through files in `<out_dir>/ranks/`:
-  job.json      the spec and paths, written here before the start
-  sink.jsonl    rank 0's metrics, events and checkpoints (`trainer.sink.RecordSink`), relayed
-                here to the real sink exactly once, in order, as they come
-  stop          written here when `should_stop()` turns true; the ranks agree on it at the next
-                step boundary, save and leave; after `BRORL_RANK_STOP_GRACE_S` they are killed
-  result.json   rank 0's TrainResult;  error-<rank>.json  an exception a rank raised, marked
-                `peer_failure` when it was a collective broken by another rank's death
-  torchrun.log  torchrun's and the ranks' output
+heartbeat and cancel stay here. `train_on_ranks` writes the job into a fresh control folder
+(`trainer.distributed.protocol`), has the deployment's `Launcher` start the ranks
+(`trainer.distributed.launchers`; `local`: torchrun on this node), relays rank 0's reports to
+the real sink as they come, writes `stop` when `should_stop()` turns true (the ranks agree on it
+at the next step boundary, save and leave; after `BRORL_RANK_STOP_GRACE_S` they are
+terminated), and judges the end from what the ranks wrote:
+- `result.json`: rank 0's TrainResult, the attempt's;
+- a rank's own error: the job fails with it (`RankError`, named as the rank's exception);
+- no result and only peer failures, or no error at all: a rank died without raising (killed,
+  out of memory) and its peers' collectives broke on it: `RankDied`, which the worker treats as
+  a fault of the machine (the job is retried and resumes from its checkpoint), naming the rank
+  the launcher saw die.
 A `Fenced` from `should_stop()` kills the ranks at once (the job is not ours: nothing may be
-saved). A rank that dies without raising (killed, out of memory) raises `RankDied`, which the
-worker treats as a fault of the machine: the job is retried and resumes from its checkpoint.
-So do ranks whose only errors are peer failures (gloo's "Connection reset by peer" when the
-killed rank's sockets close): a rank's own error, when any rank raised one, fails the job.
+saved), as does any exception leaving this process.
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
-import re
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from trainer.distributed.launchers import DEFAULT, Launcher, configured_launcher, launcher_named
+from trainer.distributed.protocol import ControlFolder, JobMessage
 from trainer.result import TrainResult
 from trainer.settings import trainer_settings
 from trainer.sink import MetricsSink, replay
@@ -38,7 +34,6 @@ from trainer.spec import JobSpec
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25
-KILL_WAIT_S = 10.0
 
 
 class RankDied(RuntimeError):
@@ -50,7 +45,7 @@ class RankDied(RuntimeError):
         self.rank, self.exitcode = rank, exitcode
         who = "a rank" if rank is None else f"rank {rank}"
         how = "" if exitcode is None else (f" (signal {-exitcode})" if exitcode < 0 else f" (exit code {exitcode})")
-        super().__init__(f"{who} of this job's torchrun died{how}; the attempt is retried from its checkpoint")
+        super().__init__(f"{who} of this job died{how}; the attempt is retried from its checkpoint")
 
 
 class RankError(RuntimeError):
@@ -87,126 +82,65 @@ class _Relay:
         self.offset += end
 
 
-def _rank_pids(control: Path) -> list[int]:
-    """Live processes running `trainer.distributed.rank_main <control>` (read from /proc)."""
-    want = f"trainer.distributed.rank_main\0{control}\0".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and want in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
-def _kill(proc: subprocess.Popen, sig: int, control: Path | None = None) -> None:
-    """`sig` to torchrun's process group and, with `control`, to every rank of this job
-    (torchrun starts each rank in a session of its own, out of reach of its group)."""
-    try:
-        os.killpg(proc.pid, sig)  # torchrun: its own session (start_new_session)
-    except ProcessLookupError:
-        pass
-    for pid in _rank_pids(control) if control else []:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _terminate(proc: subprocess.Popen, control: Path) -> None:
-    _kill(proc, signal.SIGTERM)  # torchrun passes it on to its ranks
-    try:
-        proc.wait(KILL_WAIT_S)
-    except subprocess.TimeoutExpired:
-        _kill(proc, signal.SIGKILL, control)
-        proc.wait()
-
-
-_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-_ROOT_CAUSE = re.compile(r"Root Cause.*?" + _FAILURE.pattern, re.S)
-
-
-def _dead_rank(log_text: str, raised: set[int] = frozenset()) -> tuple[int | None, int | None]:
-    """(rank, exit code) of the rank that died, from torchrun's failure report: one killed by a
-    signal and not among `raised` (the ranks that wrote an error) first; else the root cause.
-    torchrun's "first observed failure" is often a survivor whose collective broke."""
-    report = log_text[log_text.rfind("Failures:"):] if "Failures:" in log_text else log_text
-    signalled = [(int(m.group(1)), int(m.group(2))) for m in _FAILURE.finditer(report)
-                 if int(m.group(2)) < 0 and int(m.group(1)) not in raised]
-    if signalled:  # SIGTERM last: it is what torchrun sends the survivors
-        return min(signalled, key=lambda f: f[1] == -signal.SIGTERM)
-    m = _ROOT_CAUSE.search(report)
-    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
-
-
-def _command(control: Path, nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "trainer.distributed.rank_main", str(control)]
-
-
 def train_on_ranks(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool],
                    resume: Path | None = None, *, out_dir: Path, dataset_path: Path | None = None,
-                   on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
-    """`trainer.entry.train` on `spec.resources.gpus_per_node` ranks; same contract."""
+                   on_step: Callable[[int, dict], None] | None = None,
+                   launcher: Launcher | None = None) -> TrainResult:
+    """`trainer.entry.train` on the ranks `spec.resources` asks for; same contract. `launcher`:
+    the deployment's (`BRORL_LAUNCHER`) when not given."""
     from trainer.run import prepare_tiny_model
     from trainer.stop import StopRequested, stop_check
 
-    nproc = spec.resources.gpus_per_node
+    launcher = launcher or configured_launcher()
     try:
         prepare_tiny_model(spec, dataset_path, stop_check(should_stop))  # where a cancel reaches it
     except StopRequested:
         return TrainResult.stopped_before_start()
-    control = Path(out_dir) / "ranks"
-    shutil.rmtree(control, ignore_errors=True)
-    control.mkdir(parents=True)
-    (control / "job.json").write_text(json.dumps({
-        "spec": spec.model_dump(mode="json"), "out_dir": str(out_dir),
-        "resume": str(resume) if resume else None, "dataset_path": str(dataset_path) if dataset_path else None}))
-    relay = _Relay(control / "sink.jsonl", sink, on_step)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    with open(control / "torchrun.log", "wb") as out:
-        proc = subprocess.Popen(_command(control, nproc), stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # a terminal's Ctrl-C reaches only us
-    log.info("started %d ranks (torchrun pid %d), control folder %s", nproc, proc.pid, control)
+    control = ControlFolder.fresh(out_dir)
+    control.write_job(JobMessage(spec=spec, out_dir=Path(out_dir), resume=resume, dataset_path=dataset_path))
+    relay = _Relay(control.sink_file, sink, on_step)
+    ranks = launcher.start(control, spec)
     stop_at = None
     try:
-        while proc.poll() is None:
+        while (rc := ranks.poll()) is None:
             relay.pump()
             if stop_at is None and should_stop():  # may raise Fenced: see `except` below
-                (control / "stop").touch()
+                control.request_stop()
                 stop_at = time.monotonic()
                 log.info("asked the ranks to stop at the next step boundary")
             if stop_at is not None and time.monotonic() - stop_at > stop_grace_s():
                 log.warning("ranks did not stop within %.0f s; terminating them", stop_grace_s())
-                _terminate(proc, control)
+                ranks.terminate()
             time.sleep(POLL_S)
     except BaseException:  # Fenced, or this process is going away: the ranks go with it
-        _kill(proc, signal.SIGKILL, control)
-        proc.wait()
+        ranks.kill()
         raise
     relay.pump()
-    return _outcome(control, proc.returncode, stop_at is not None, relay)
+    return _outcome(control.path, rc, stop_at is not None, relay, launcher)
 
 
-def _outcome(control: Path, rc: int, stop_asked: bool, relay: _Relay) -> TrainResult:
-    result = control / "result.json"
-    if result.is_file():  # rank 0 wrote it after every rank finished (a barrier)
+def _outcome(control: Path, rc: int, stop_asked: bool, relay: _Relay, launcher: Launcher | None = None) -> TrainResult:
+    """The attempt's end from what the ranks wrote in `control`; `launcher` (the one that ran
+    them: the default, `local`, when not given) names a rank that died."""
+    folder = ControlFolder(Path(control))
+    result = folder.read_result()
+    if result is not None:  # rank 0 wrote it after every rank finished (a barrier)
         if rc != 0:  # e.g. a library thread aborting at interpreter exit: the work is done
-            log.warning("torchrun exited %s after the ranks finished; keeping their result", rc)
-        return TrainResult.from_json(json.loads(result.read_text()))
-    errors = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in control.glob("error-*.json")}
-    own = [errors[r] for r in sorted(errors) if not errors[r].get("peer_failure")]
+            log.warning("the ranks exited %s after they finished; keeping their result", rc)
+        return result
+    errors = folder.read_errors()
+    own = [errors[r] for r in sorted(errors) if not errors[r].peer_failure]
     if own:
         # Named as the rank's own error, so the job's message reads as in one process.
-        raise type(own[0]["type"], (RankError,), {})(own[0]["message"])
+        raise type(own[0].type, (RankError,), {})(own[0].message)
     if stop_asked:  # killed after the grace period: stopped, its last checkpoint stands
         return TrainResult(steps_completed=relay.last_step, stopped=True, last_eval=None,
                            last_checkpoint=relay.last_checkpoint)
     # No rank raised an error of its own: one died (a signal, the OOM killer) and the others'
-    # collectives broke on it, or torchrun took them down.
-    text = (control / "torchrun.log").read_text(errors="replace")
-    log.error("torchrun exited %s; its log ends:\n%s", rc, text[-4000:])
+    # collectives broke on it, or the launcher took them down.
+    launcher = launcher or launcher_named(DEFAULT)
+    text = folder.text(launcher.log_name)
+    log.error("the ranks exited %s; the %s launcher's log ends:\n%s", rc, launcher.name, text[-4000:])
     for r in sorted(errors):
-        log.error("rank %d lost its peers: %s: %s", r, errors[r]["type"], errors[r]["message"][:500])
-    raise RankDied(*_dead_rank(text, set(errors)))
+        log.error("rank %d lost its peers: %s: %s", r, errors[r].type, errors[r].message[:500])
+    raise RankDied(*launcher.dead_rank(folder, set(errors)))
