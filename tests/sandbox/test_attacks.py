@@ -212,3 +212,19 @@ def test_a_program_that_rewrites_its_harness_verdict(cheat):
     assert _tagged_processes(tag) == []
     assert [r.reward for r in results] == [1.0, 0.0, 1.0], [r.details for r in results]
     assert results[1].details
+
+
+def test_a_program_that_writes_results_nested_too_deep():
+    """The runner parses what a program's process writes back; a program that replaces the
+    result writer with JSON nested past the parser's limit fails alone."""
+    deep = ("```python\nimport json\n"
+            "json.dumps = lambda *a, **k: '[' * 200000 + ']' * 200000\n"
+            "def add(a, b):\n    return a + b\n```")
+    item = {"tests": ["assert add(2, 2) == 4"]}
+    tag = "brorl-attack-" + uuid.uuid4().hex
+    with GraderRuntime(pool_size=1, limits=LIMITS, tag=tag) as runtime:
+        results = runtime.grade({"type": "code", "name": "add", "timeout_s": 2.0},
+                                [HONEST, deep, HONEST], [item] * 3)
+    assert _tagged_processes(tag) == []
+    assert [r.reward for r in results] == [1.0, 0.0, 1.0], [r.details for r in results]
+    assert "corrupted" in results[1].details, results[1].details

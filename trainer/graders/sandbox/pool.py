@@ -128,7 +128,7 @@ class Runner:
             raise SandboxFault("oversized reply")
         try:
             return json.loads(self._read(size, deadline))
-        except ValueError:
+        except (ValueError, RecursionError):
             raise SandboxFault("garbled reply") from None
 
     def kill(self, close_stderr: bool = True) -> None:

@@ -465,7 +465,7 @@ def serve_python(request, reply):
                         reply(n, {"fault": f"grader process {_death(status)}"})
                         n += 1
                     break
-                except (ValueError, struct.error):
+                except (ValueError, struct.error, RecursionError):
                     reply(n, {"fault": "grader process corrupted its result stream"})
                     n += 1
                     break
@@ -561,8 +561,10 @@ def _one_program(program, timeout_s, cap_s):
         error = f"killed by signal {os.WTERMSIG(status)}"
     if error is None:
         try:
-            return {"results": json.loads(data), "error": None}
-        except ValueError:
+            results = json.loads(data)
+            json.dumps(results)  # what cannot travel back (nested too deep) is a failure here
+            return {"results": results, "error": None}
+        except (ValueError, RecursionError):
             error = "program corrupted its result stream"
     return {"results": None, "error": error}
 
