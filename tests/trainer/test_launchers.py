@@ -65,11 +65,12 @@ class ProcessLauncher(Launcher):
     def __init__(self, mode: str) -> None:
         self.mode, self.started = mode, []
 
-    def start(self, control, spec):
+    def start(self, control, spec, event):
         with open(control.file(self.log_name), "wb") as out:
             proc = subprocess.Popen([sys.executable, "-c", RANK, str(control.path), self.mode],
                                     stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         self.started.append(proc)
+        event("ranks_started", {"launcher": self.name})
         return _ProcessRanks(proc)
 
     def dead_rank(self, control, raised):
@@ -105,7 +106,7 @@ def test_the_local_launcher_refuses_more_than_one_node(tmp_path):
 
     two_nodes = SPEC.model_copy(update={"resources": ResourcesSpec.model_construct(gpus_per_node=2, nodes=2)})
     with pytest.raises(ValueError, match="resources.nodes=2"):
-        LocalLauncher().start(ControlFolder.fresh(tmp_path), two_nodes)
+        LocalLauncher().start(ControlFolder.fresh(tmp_path), two_nodes, lambda *_: None)
 
 
 def test_a_second_launcher_plugs_in_result_relay_and_stop(tmp_path):
@@ -113,6 +114,7 @@ def test_a_second_launcher_plugs_in_result_relay_and_stop(tmp_path):
     sink, result = _train(tmp_path / "a", ProcessLauncher("finish"), on_step=lambda s, v: seen.append(s))
     assert (result.steps_completed, result.stopped, result.last_eval) == (1, False, {"eval/pass@1": 0.5})
     assert [r["step"] for r in sink.steps] == [1] and sink.steps[0]["name"] == "t" and seen == [1]
+    assert sink.events == [("ranks_started", {"launcher": "process"})]  # a launcher's own events reach the job
     _, result = _train(tmp_path / "b", ProcessLauncher("wait"), should_stop=lambda: True)
     assert result.stopped  # the stop file reached the rank, which reported a stopped result
 

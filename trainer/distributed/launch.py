@@ -99,7 +99,7 @@ def train_on_ranks(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], b
     control = ControlFolder.fresh(out_dir)
     control.write_job(JobMessage(spec=spec, out_dir=Path(out_dir), resume=resume, dataset_path=dataset_path))
     relay = _Relay(control.sink_file, sink, on_step)
-    ranks = launcher.start(control, spec)
+    ranks = launcher.start(control, spec, sink.event)
     stop_at = None
     try:
         while (rc := ranks.poll()) is None:

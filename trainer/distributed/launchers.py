@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from trainer.distributed.protocol import ControlFolder
 from trainer.spec import JobSpec
@@ -53,8 +53,11 @@ class Launcher(ABC):
     log_name: ClassVar[str]  # its log in the control folder: its own and the ranks' output
 
     @abstractmethod
-    def start(self, control: ControlFolder, spec: JobSpec) -> Ranks:
-        """Start the job's ranks on `control` (its job.json is written). Returns at once."""
+    def start(self, control: ControlFolder, spec: JobSpec, event: Callable[[str, dict], None]) -> Ranks:
+        """Start the job's ranks on `control` (its job.json is written). Returns at once: a
+        launcher that must first wait for machines (all of a job's nodes or none) returns ranks
+        that poll as running meanwhile, so a cancel reaches the wait, and says what it waits
+        for through `event(type, data)` (the job's event stream)."""
 
     @abstractmethod
     def dead_rank(self, control: ControlFolder, raised: set[int]) -> tuple[int | None, int | None]:

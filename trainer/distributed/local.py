@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 from trainer.distributed.launchers import RANK_MODULE, Launcher, Ranks
 from trainer.distributed.protocol import ControlFolder
@@ -96,7 +97,7 @@ class LocalLauncher(Launcher):
     name = "local"
     log_name = "torchrun.log"
 
-    def start(self, control: ControlFolder, spec: JobSpec) -> LocalRanks:
+    def start(self, control: ControlFolder, spec: JobSpec, event: Callable[[str, dict], None]) -> LocalRanks:
         if spec.resources.nodes != 1:  # the API refuses it; a library caller gets told why
             raise ValueError(f"resources.nodes={spec.resources.nodes}: the local launcher runs one node")
         nproc = spec.resources.gpus_per_node
