@@ -1,7 +1,8 @@
 """Held-out evaluation: pass@1 (mean over samples), unbiased pass@k, mean response length.
 
-Runs the eval split through the same rollout engine at the spec's eval temperature / top-p
-(the paper's: 0.6 / 0.95, pass@1 averaged over 16 samples).
+Runs the eval split through the rollout seam (`trainer.rollouts.generate_and_score`) and
+the run's engine at the spec's eval temperature / top-p (the paper's: 0.6 / 0.95, pass@1
+averaged over 16 samples).
 """
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from trainer.algo.passk import pass_at_k_mean
-from trainer.rollouts import SamplingConfig
+from trainer.rollouts import SamplingConfig, encode_prompts, generate_and_score
 from trainer.spec import JobSpec
 from trainer.stop import never
 
 
 @dataclass
 class EvalContext:
+    """What sampling a fixed set of prompts needs: the engine, the tokenizer that decodes its
+    samples, the scorer, and the prompts with their examples (`prompt_ids[i]` asks `examples[i]`)."""
+
     engine: object
     tokenizer: object
     scorer: object
@@ -30,15 +34,10 @@ def evaluate(ctx: EvalContext, spec: JobSpec, seed: int) -> dict[str, float]:
     n = spec.eval.samples_per_prompt
     sampling = SamplingConfig(n=n, max_new_tokens=spec.rollout.max_new_tokens,
                               temperature=spec.eval.temperature, top_p=spec.eval.top_p, seed=seed)
-    gen = ctx.engine.generate(ctx.prompt_ids, sampling)
-    texts = ctx.tokenizer.batch_decode(gen.token_ids, skip_special_tokens=True)
-    examples = [ctx.examples[i] for i in gen.prompt_index]
-    result = ctx.scorer.score(texts, examples, [not f for f in gen.finished])
-    counts = [0] * len(ctx.prompt_ids)
-    for i, ok in zip(gen.prompt_index, result.correct):
-        counts[i] += int(ok)
+    episodes = generate_and_score(ctx.engine, ctx.tokenizer, ctx.scorer, ctx.prompt_ids, ctx.examples, sampling)
+    counts = episodes.correct_counts(len(ctx.prompt_ids))
     out = {f"eval/pass@{k}": pass_at_k_mean(counts, n, k) for k in sorted(set(spec.eval.k) | {1})}
-    out["eval/response_len_mean"] = sum(len(t) for t in gen.token_ids) / max(len(gen), 1)
+    out["eval/response_len_mean"] = sum(episodes.lengths()) / max(len(episodes), 1)
     return out
 
 
@@ -51,9 +50,8 @@ def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | N
     one generate call will ask for (default: every eval prompt x eval.samples_per_prompt)."""
     from trainer.engines import make_engine
     from trainer.models.loading import load_policy, resolve_device
-    from trainer.run import _encode, model_dir_for
+    from trainer.run import model_dir_for
     from trainer.tasks import build_task
-    from trainer.tasks.prompts import render_example
     from trainer.graders.scorer import make_scorer
 
     from trainer.checkpoints.format import MERGED_DIR, is_lora
@@ -65,8 +63,7 @@ def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | N
     with make_scorer(spec, task, stop_check) as scorer:
         model_dir = Path(model_dir) if model_dir is not None else model_dir_for(spec, task, scorer, stop_check)
         policy, tokenizer = load_policy(model_dir, spec.model.dtype, resolve_device(), master_fp32=False)
-        prompt_ids = _encode(tokenizer, [render_example(ex, spec.task.prompt_template, tokenizer)
-                                         for ex in examples])
+        prompt_ids = encode_prompts(tokenizer, examples, spec.task.prompt_template)
         max_len = max(len(p) for p in prompt_ids) + spec.rollout.max_new_tokens
         engine = make_engine(spec.rollout.engine, model_dir, policy, tokenizer, dtype=spec.model.dtype,
                              seed=spec.seed, max_model_len=max_len,

@@ -32,10 +32,14 @@ def _due(every: int, step: int) -> bool:
     return every > 0 and step % every == 0
 
 
+def _eval_context(run: Run) -> EvalContext:
+    """The run's engine and scorer over the eval split: what evaluation and the probe sample."""
+    return EvalContext(run.engine, run.tokenizer, run.scorer, run.task.eval, run.eval_ids)
+
+
 def _evaluate(run: Run, sink: MetricsSink, step: int) -> dict[str, float]:
     run.stop_check()
-    ctx = EvalContext(run.engine, run.tokenizer, run.scorer, run.task.eval, run.eval_ids)
-    values = evaluate(ctx, run.spec, seed=mix_seed(run.spec.seed, 104729))  # same draws each time
+    values = evaluate(_eval_context(run), run.spec, seed=mix_seed(run.spec.seed, 104729))  # same draws each time
     values = distributed.from_rank0(values)  # the ranks' engines agree; one figure is reported
     sink.event("eval", {"step": step, **values})
     return values
@@ -158,8 +162,7 @@ def _probe_current(run: Run, step: int, at_n: int) -> dict:
     from trainer.probe import probe_policy
 
     b = run.spec.rollout.broaden
-    ctx = EvalContext(run.engine, run.tokenizer, run.scorer, run.task.eval, run.eval_ids)
-    figures = probe_policy(ctx, run.spec, b.probe_n, b.probe_prompts, at_n, run.stop_check,
+    figures = probe_policy(_eval_context(run), run.spec, b.probe_n, b.probe_prompts, at_n, run.stop_check,
                            seed=mix_seed(run.spec.seed, 15485863, step))
     return distributed.from_rank0(figures)
 

@@ -2,10 +2,10 @@
 
 The question a probe answers is BroRL's regime question (docs/probe.md): how many prompts does
 a N = 16 batch leave all-wrong although the model can solve them? It runs the eval split
-through the same rollout engine, prompt rendering and scorer as training and evaluation
-(`trainer.evaluate.opened`), at the training rollout's temperature by default, and turns the
-per-prompt correct counts into figures (`trainer.algo.probe_stats`) and a recommended schedule
-(`trainer.algo.recommend`).
+through the same rollout seam, engine, prompt rendering and scorer as training and evaluation
+(`trainer.rollouts.generate_and_score`, `trainer.evaluate.opened`), at the training rollout's
+temperature by default, and turns the per-prompt correct counts into figures
+(`trainer.algo.probe_stats`) and a recommended schedule (`trainer.algo.recommend`).
 
 Generation goes in chunks of at most `chunk_samples` samples (several prompts x n when n is
 small, one prompt in pieces when n is large), so memory does not grow with n (up to 4096); the
@@ -23,7 +23,7 @@ from trainer.algo.probe_stats import figures
 from trainer.algo.recommend import recommend
 from trainer.evaluate import EvalContext, opened
 from trainer.prompt_stream import mix_seed
-from trainer.rollouts import SamplingConfig
+from trainer.rollouts import Episodes, SamplingConfig, generate_and_score
 from trainer.spec import JobSpec
 from trainer.stop import stop_check
 from trainer.probe_spec import ProbeSpec
@@ -60,14 +60,17 @@ class Tally:
     gen_s: float = 0.0
     score_s: float = 0.0
 
-    def add(self, prompt_index: list[int], ids: list[list[int]], finished: list[bool], scored) -> None:
-        for p, ok, r in zip(prompt_index, scored.correct, scored.rewards):
+    def add(self, owners: list[int], episodes: Episodes) -> None:
+        """One chunk's episodes; `owners[i]`: the prompt (of all) that sample i answers."""
+        for p, ok, r in zip(owners, episodes.correct, episodes.rewards):
             self.correct[p] += int(ok)
             self.reward_sum[p] += float(r)
-        self.samples += len(ids)
-        self.tokens += sum(len(t) for t in ids)
-        self.truncated += sum(1 for f in finished if not f)
-        self.timeouts += int(getattr(scored, "timeouts", 0) or 0)
+        self.samples += len(episodes)
+        self.tokens += sum(episodes.lengths())
+        self.truncated += sum(episodes.truncated)
+        self.timeouts += episodes.timeouts
+        self.gen_s += episodes.gen_s
+        self.score_s += episodes.score_s
 
 
 def sample_counts(ctx: EvalContext, probe: ProbeSpec, check: Callable[[], None],
@@ -80,16 +83,9 @@ def sample_counts(ctx: EvalContext, probe: ProbeSpec, check: Callable[[], None],
         check()
         sampling = SamplingConfig(n=count, max_new_tokens=probe.max_new_tokens, temperature=probe.temperature,
                                   top_p=probe.top_p, seed=mix_seed(probe.seed, 7919, call))
-        t0 = time.perf_counter()
-        gen = ctx.engine.generate([ctx.prompt_ids[i] for i in idx], sampling)
-        t1 = time.perf_counter()
-        check()  # scoring a large chunk takes a while too
-        texts = ctx.tokenizer.batch_decode(gen.token_ids, skip_special_tokens=True)
-        owners = [idx[i] for i in gen.prompt_index]
-        scored = ctx.scorer.score(texts, [ctx.examples[p] for p in owners], [not f for f in gen.finished])
-        tally.add(owners, gen.token_ids, gen.finished, scored)
-        tally.gen_s += t1 - t0
-        tally.score_s += time.perf_counter() - t1
+        episodes = generate_and_score(ctx.engine, ctx.tokenizer, ctx.scorer, [ctx.prompt_ids[i] for i in idx],
+                                      [ctx.examples[i] for i in idx], sampling, check=check)
+        tally.add([idx[g] for g in episodes.prompt_index], episodes)
         if on_progress:
             on_progress({"samples_done": tally.samples, "samples_total": total})
     return tally

@@ -18,6 +18,7 @@ import torch
 from trainer.checkpoints import io as checkpoint
 from trainer.distributed import collectives as distributed
 from trainer.prompt_stream import PromptStream
+from trainer.rollouts import encode_prompts
 from trainer.engines import default_engine, make_engine
 from trainer.models.loading import compute_dtype, load_policy, resolve_device
 from trainer.models.lora import load_lora_policy, trainable_parameters
@@ -176,12 +177,6 @@ def model_dir_for(spec: JobSpec, task: Task, scorer, stop_check: Callable[[], No
     return _warm_started(spec, task, scorer, stop_check) if spec.model.path == TINY_MODEL else Path(spec.model.path)
 
 
-def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
-    # A chat template already adds the special tokens it wants.
-    special = not getattr(tokenizer, "chat_template", None)
-    return [tokenizer(t, add_special_tokens=special)["input_ids"] for t in texts]
-
-
 @dataclass
 class _Models:
     policy: torch.nn.Module
@@ -257,8 +252,8 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     optimizer, state, plans = _optimizer_and_state(spec, models, resume, cdtype)
 
     template = spec.task.prompt_template
-    train_ids = _encode(tokenizer, [render_example(ex, template, tokenizer) for ex in task.train])
-    eval_ids = _encode(tokenizer, [render_example(ex, template, tokenizer) for ex in task.eval])
+    train_ids = encode_prompts(tokenizer, task.train, template)
+    eval_ids = encode_prompts(tokenizer, task.eval, template)
     max_len = max(len(p) for p in train_ids + eval_ids) + spec.rollout.max_new_tokens
     engine = make_engine(spec.rollout.engine, models.source, models.engine_model, tokenizer,
                          dtype=spec.model.dtype, seed=spec.seed, max_model_len=max_len,

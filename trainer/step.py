@@ -1,5 +1,6 @@
 """One BroRL step: generate N rollouts per prompt, score, filter and refill, update, sync.
 
+Generation and scoring go through the rollout seam (`trainer.rollouts.generate_and_score`);
 `collect` produces the step's scored, filtered batch (dynamic sampling with bounded refill
 rounds); `update` runs the PPO mini-batches on it; `run_step` times both plus the weight sync
 and returns the step's metrics under the names in docs/metrics.md.
@@ -23,7 +24,7 @@ from trainer.prompt_stream import mix_seed
 from trainer.algo.filtering import filter_rollouts, solve_fractions
 from trainer.models.lora import reference_model
 from trainer.optim.update import ppo_update, sequence_logprobs
-from trainer.rollouts import Rollouts, SamplingConfig, concat_rollouts
+from trainer.rollouts import Rollouts, SamplingConfig, concat_rollouts, generate_and_score
 from trainer.algo.schedule import StagePlan, lr_at
 
 
@@ -72,47 +73,18 @@ def _generate_round(run: Run, plan: StagePlan, step: int, round_index: int, k: i
     idx = distributed.share(run.stream.take(k))
     if not idx:
         return _empty_round()
-    prompts = [run.train_ids[i] for i in idx]
     seed = mix_seed(spec.seed, step, round_index, distributed.rank()) if distributed.active() else mix_seed(spec.seed, step, round_index)
     sampling = SamplingConfig(n=plan.n, max_new_tokens=spec.rollout.max_new_tokens,
                               temperature=spec.rollout.temperature, top_p=spec.rollout.top_p, seed=seed)
-    t = time.perf_counter()
-    gen = run.engine.generate(prompts, sampling)
-    gen_s = time.perf_counter() - t
-
-    t = time.perf_counter()
-    texts = run.tokenizer.batch_decode(gen.token_ids, skip_special_tokens=True)
-    examples = [run.task.train[idx[g]] for g in gen.prompt_index]
-    truncated = [not f for f in gen.finished]
-    scored = run.scorer.score(texts, examples, truncated)
-    grades, extras = grader_round(run.scorer)
-    score_s = time.perf_counter() - t
-
-    group = torch.tensor(gen.prompt_index, dtype=torch.long)
-    correct = torch.tensor(scored.correct, dtype=torch.bool)
-    rewards = torch.tensor(scored.rewards, dtype=torch.float32)
-    solved, wrong = solve_fractions(correct, rewards, group)
-    counts = SampleCounts(samples=len(gen), lengths=[len(t) for t in gen.token_ids],
-                         truncated=sum(truncated), groups=int(solved.numel()),
+    episodes = generate_and_score(run.engine, run.tokenizer, run.scorer, [run.train_ids[i] for i in idx],
+                                  [run.task.train[i] for i in idx], sampling)
+    rollouts = episodes.to_rollouts()
+    solved, wrong = solve_fractions(rollouts.correct, rollouts.rewards, rollouts.group)
+    counts = SampleCounts(samples=len(episodes), lengths=episodes.lengths(),
+                         truncated=sum(episodes.truncated), groups=int(solved.numel()),
                          all_correct=int((solved == 1).sum()), all_wrong=int(wrong.sum()),
-                         gen_s=gen_s, score_s=score_s, grades=grades)
-    rollouts = Rollouts(prompt_ids=[prompts[g] for g in gen.prompt_index], response_ids=gen.token_ids,
-                        engine_logprobs=gen.logprobs, group=group, rewards=rewards,
-                        truncated=torch.tensor(truncated, dtype=torch.bool), correct=correct,
-                        extras=extras)
+                         gen_s=episodes.gen_s, score_s=episodes.score_s, grades=episodes.grades)
     return rollouts, counts
-
-
-def grader_round(scorer) -> tuple[list, dict[str, torch.Tensor]]:
-    """A grader's per-sample results of the last batch, and its `reward/<key>` sub-rewards as
-    per-sample tensors (0 where a sample was not graded); nothing for a built-in verifier."""
-    results = getattr(scorer, "last_results", None)
-    if results is None:
-        return [], {}
-    extras = {f"reward/{key}": torch.tensor([r.sub_rewards.get(key, 0.0) if r is not None else 0.0
-                                              for r in results], dtype=torch.float32)
-              for key in scorer.sub_reward_keys}
-    return list(results), extras
 
 
 def _empty_round() -> tuple[Rollouts, SampleCounts]:

@@ -1,7 +1,8 @@
 """Typed batches handed between the algorithm pieces, which are pure functions of them.
 
 `Generation` is what a rollout engine returns; `Rollouts` is one step's scored batch,
-flat over samples, with `group` telling which prompt each sample came from.
+flat over samples, with `group` telling which prompt each sample came from (built from the
+rollout seam's `Episodes`, generate.py).
 """
 from __future__ import annotations
 
