@@ -98,3 +98,44 @@ def test_a_multi_grader_job_logs_and_stores_each_sub_reward(finished):
         if not s["truncated"]:
             want = 0.75 * s["sub_rewards"]["right"] + 0.25 * s["sub_rewards"]["tagged"]
             assert s["reward"] == pytest.approx(want, abs=1e-6)
+
+
+SLOW = {"type": "python", "name": "slow",
+        "source": "import time\ndef grade(sample, item):\n    time.sleep(60)\n    return 1.0\n"}
+
+
+def _job_sandboxes(stack: Stack) -> list[int]:
+    """The worker's sandbox processes: tagged, and below this stack's `brorl up`."""
+    import psutil
+
+    from trainer.graders.sandbox.pool import processes_with
+
+    mine = {p.pid for p in psutil.Process(stack.proc.pid).children(recursive=True)}
+    return [pid for pid in processes_with("brorl-grader") if pid in mine]
+
+
+def test_a_cancel_stops_a_job_whose_samples_are_still_grading(stack: Stack):
+    """The cancel reaches the sandboxes: the job ends within seconds, not after its batch
+    (8 samples of 60 s on 2 runners: 4 minutes), and no sandbox is left."""
+    import time
+
+    with BrorlClient(stack.url, stack.key, timeout=30) as client:
+        job_id = client.submit(spec("slow grader", SLOW))["id"]
+        deadline = time.monotonic() + 300
+        while not _job_sandboxes(stack) and time.monotonic() < deadline:
+            job = client.get_job(job_id)
+            assert job["status"] in ("queued", "running"), (job, stack.output()[-4000:])
+            time.sleep(0.5)
+        assert _job_sandboxes(stack), ("the job never reached its grader",
+                                       stack.output()[-4000:])
+        time.sleep(1.0)  # inside the batch now
+        asked = time.monotonic()
+        client.cancel(job_id)
+        job = client.wait(job_id, poll=0.5, timeout=200)
+        took = time.monotonic() - asked
+    assert job["status"] == "cancelled", (job, stack.output()[-4000:])
+    assert took < 60, (took, stack.output()[-4000:])
+    deadline = time.monotonic() + 10
+    while _job_sandboxes(stack) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _job_sandboxes(stack) == []
