@@ -133,7 +133,8 @@ def test_encode_prompts_adds_special_tokens_only_without_a_chat_template():
     assert calls == [True, False]
 
 
-@pytest.mark.integration  # warm-starts builtin:tiny (shared with the loop tests)
+@pytest.mark.integration  # warm-starts builtin:tiny (shared with the loop tests): minutes on 2 cores
+@pytest.mark.timeout(900)
 def test_tiny_hf_engine_through_the_seam_draws_the_engines_samples():
     """The seam on a real engine, tokenizer and verifier: the ids are the ones a direct engine
     call draws at the same seed, the texts their decoding, the verdicts the scorer's own."""
