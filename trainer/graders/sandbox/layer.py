@@ -40,7 +40,8 @@ from pathlib import Path
 from trainer.graders.settings import grader_settings
 
 RUNNER = Path(__file__).with_name("runner.py")
-SANDBOX_RUNNER = "/sandbox/runner.py"
+SANDBOX_DIR = "/sandbox"  # the runner and confine.py, read-only
+SANDBOX_RUNNER = f"{SANDBOX_DIR}/runner.py"
 UNSAFE_ENV = "BRORL_UNSAFE_GRADERS"
 UID_RANGE = 65536
 # Native libraries start no thread pools of their own (each thread counts against the
@@ -196,7 +197,7 @@ def bwrap_command(limits: Limits, bwrap: str = "bwrap") -> list[str]:
     for name in DEVICES:
         cmd += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
     cmd += ["--symlink", "/proc/self/fd", "/dev/fd", "--remount-ro", "/dev",
-            "--ro-bind", str(RUNNER), SANDBOX_RUNNER, "--chdir", "/tmp",
+            "--ro-bind", str(RUNNER.parent), SANDBOX_DIR, "--chdir", "/tmp",
             # bwrap's root is a writable tmpfs (it holds the mount points): make it
             # read-only, so /tmp is the one writable place.
             "--remount-ro", "/"]

@@ -1,18 +1,18 @@
 """The program that runs INSIDE a grader sandbox: a server of grading requests that runs no
 tenant code itself.
 
-Standard library plus `pyseccomp` only, and run as a plain script (`python -I runner.py
-MODE CONFIG`): the sandbox shows it none of the project's code. Frames on its stdin/stdout are
+Standard library, `pyseccomp` and confine.py beside it only, and run as a plain script
+(`python -I runner.py MODE CONFIG`): the sandbox shows it none of the project's other code. Frames on its stdin/stdout are
 a 4-byte length and JSON. At start the runner
 - asks to die with its parent (no runner outlives the service) and moves its protocol pipes to
   private descriptors; fds 0/1/2 become /dev/null and a private, unlinked output file whose
   size RLIMIT_FSIZE caps;
-- restricts itself with Landlock in the fallback layer (`_landlock`), sets no-new-privileges,
+- restricts itself with Landlock in the fallback layer, sets no-new-privileges,
   its rlimits (address space, files, file size, processes, no core, no real-time or raised
   priority) and marks itself non-dumpable (no /proc/<pid>/mem, fd or ptrace access to it).
 Tenant code runs only in children the runner forks (`_child`): each closes every descriptor
 but its result pipe, sets fresh rlimits (so nothing an earlier program did to its limits
-carries over), and installs the allow-list seccomp filter (`lock_down`) before any tenant
+carries over), and installs the allow-list seccomp filter before any tenant
 code runs. A child's results come back through its own pipe; the runner checks each one and
 frames it, tagged with the request's id and the item's index, so a child can never write a
 frame the caller reads. Mode "python": one child grades a request's samples in turn
@@ -21,7 +21,6 @@ hangs or leaves threads behind is killed and the next sample gets a fresh one. M
 one child per program, which returns only its raw outputs; the verdict is computed by the
 caller, which never sends the expected outputs in. Between requests /tmp is emptied.
 """
-import ctypes
 import errno
 import io
 import json
@@ -30,11 +29,14 @@ import os
 import resource
 import select
 import signal
-import socket
 import struct
 import sys
 import tempfile
 import time
+
+# -I leaves the script's folder off sys.path: confine.py lives beside this file.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import confine  # noqa: E402
 
 LIMITS = {}
 RUNNER_PID = 0
@@ -84,150 +86,7 @@ def send(fd, obj):
         data = data[os.write(fd, data):]
 
 
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _rlimits(address_space=True):
-    for name, value in (("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", LIMITS["file_bytes"]),
-                        ("RLIMIT_NOFILE", 64), ("RLIMIT_NPROC", LIMITS["nproc"]),
-                        ("RLIMIT_RTPRIO", 0), ("RLIMIT_NICE", 0), ("RLIMIT_MEMLOCK", 0),
-                        ("RLIMIT_MSGQUEUE", 0)):
-        try:
-            soft, hard = resource.getrlimit(getattr(resource, name))
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(getattr(resource, name), (value, value))
-        except (ValueError, OSError):
-            pass
-    if address_space:
-        resource.setrlimit(resource.RLIMIT_AS, (LIMITS["memory_bytes"],) * 2)
-
-
-# ---------------------------------------------------------------- the allow-list filter
-
-# What Python, its standard library and the scientific packages need to compute, and
-# nothing that reaches outside the process: no exec, fork, ptrace, mount, namespaces,
-# keyrings, BPF, perf, io_uring, chmod/chown, clock or reboot. Measured with strace over
-# importing and using numpy, scipy, pandas, scikit-learn, sympy, nltk and threads.
-ALLOWED = (
-    "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev",
-    "open", "openat", "close", "close_range", "creat", "stat", "fstat", "lstat", "newfstatat",
-    "statx", "statfs", "fstatfs", "access", "faccessat", "faccessat2", "lseek", "getdents64",
-    "getcwd", "chdir", "fchdir", "readlink", "readlinkat", "mkdir", "mkdirat", "rmdir",
-    "unlink", "unlinkat", "rename", "renameat", "renameat2", "link", "linkat", "symlink",
-    "symlinkat", "umask", "truncate", "ftruncate", "fallocate", "fsync", "fdatasync",
-    "fadvise64", "flock", "dup", "dup2", "dup3", "fcntl", "pipe", "pipe2", "sendfile",
-    "copy_file_range", "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr",
-    "flistxattr",
-    "mmap", "munmap", "mprotect", "mremap", "madvise", "brk", "mincore", "msync",
-    "membarrier", "mbind", "get_mempolicy",
-    "poll", "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl",
-    "epoll_wait", "epoll_pwait", "epoll_pwait2", "eventfd", "eventfd2",
-    "futex", "futex_waitv", "set_robust_list", "get_robust_list", "set_tid_address", "rseq",
-    "sched_yield", "sched_get_priority_max", "sched_get_priority_min", "getcpu",
-    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigpending", "rt_sigtimedwait",
-    "rt_sigsuspend", "sigaltstack", "pause", "restart_syscall",
-    "alarm", "getitimer", "setitimer", "timer_create", "timer_settime", "timer_gettime",
-    "timer_getoverrun", "timer_delete", "timerfd_create", "timerfd_settime", "timerfd_gettime",
-    "nanosleep", "clock_nanosleep", "clock_gettime", "clock_getres", "gettimeofday", "time",
-    "getpid", "getppid", "gettid", "getuid", "geteuid", "getgid", "getegid", "getgroups",
-    "getresuid", "getresgid", "getpgrp", "capget", "getrusage", "times", "sysinfo", "uname",
-    "getrlimit", "setrlimit", "getrandom", "arch_prctl", "exit", "exit_group", "wait4",
-    "waitid",
-    # Sockets: the socket() rule below decides which families exist at all.
-    "connect", "bind", "listen", "accept", "accept4", "sendto", "recvfrom", "sendmsg",
-    "recvmsg", "sendmmsg", "recvmmsg", "shutdown", "getsockname", "getpeername",
-    "setsockopt", "getsockopt",
-)
-IOCTLS = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)  # TCGETS TIOCGWINSZ FIONREAD
-#                                                             FIONBIO FIONCLEX FIOCLEX
-PRCTLS = (3, 15, 16, 23, 0x53564D41)  # GET_DUMPABLE SET_NAME GET_NAME CAPBSET_READ SET_VMA
-
-
-def lock_down():
-    """Install the allow-list filter: anything not named fails with EPERM. Calls that name a
-    process (kill, prlimit, priority, scheduling, process groups) may name this one alone,
-    which also stands in for a pid namespace in the fallback layer."""
-    import pyseccomp as sc
-
-    pid = os.getpid()
-    allow = sc.ALLOW
-    f = sc.SyscallFilter(defaction=sc.ERRNO(errno.EPERM))
-
-    def rule(action, name, *args):
-        try:
-            f.add_rule(action, name, *args)
-        except (ValueError, RuntimeError, OSError):  # not a syscall on this architecture
-            pass
-
-    for name in ALLOWED:
-        rule(allow, name)
-    # Signals to this process only (kill's 0 is the whole process group: the runner too).
-    rule(allow, "kill", sc.Arg(0, sc.EQ, pid))
-    rule(allow, "tgkill", sc.Arg(0, sc.EQ, pid))
-    for arg in (0, pid):  # 0 is the caller here
-        for name in ("prlimit64", "sched_getaffinity", "sched_getparam",
-                     "sched_getscheduler", "getpgid", "getsid"):
-            rule(allow, name, sc.Arg(0, sc.EQ, arg))
-        rule(allow, "getpriority", sc.Arg(0, sc.EQ, 0), sc.Arg(1, sc.EQ, arg))
-        rule(allow, "setpriority", sc.Arg(0, sc.EQ, 0), sc.Arg(1, sc.EQ, arg))
-    for cmd in IOCTLS:
-        rule(allow, "ioctl", sc.Arg(1, sc.EQ, cmd))
-    for option in PRCTLS:
-        rule(allow, "prctl", sc.Arg(0, sc.EQ, option))
-    # Threads only: clone with CLONE_THREAD (0x10000); clone3 hides its flags in memory,
-    # where seccomp cannot look, so ENOSYS makes libc fall back to clone.
-    rule(allow, "clone", sc.Arg(0, sc.MASKED_EQ, 0x10000, 0x10000))
-    rule(sc.ERRNO(errno.ENOSYS), "clone3")
-    if LIMITS.get("private_tmp"):
-        # bubblewrap's private network namespace: Unix sockets reach only this sandbox.
-        # Elsewhere no socket at all (one on the host's filesystem could reach a database).
-        rule(allow, "socket", sc.Arg(0, sc.EQ, socket.AF_UNIX))
-        rule(allow, "socketpair", sc.Arg(0, sc.EQ, socket.AF_UNIX))
-    f.load()
-
-
 # ---------------------------------------------------------------- the runner's own setup
-
-def _landlock(read_paths):
-    """The fallback layer's filesystem and network bounds (Linux Landlock, unprivileged).
-
-    Read and execute only under `read_paths` (the Python installation and libraries) and
-    read/write on /dev/null; nothing is writable (the output file was opened before). ABI 4+
-    also forbids TCP bind/connect, ABI 6+ signals and abstract sockets outside the domain.
-    """
-    libc = _libc()
-    abi = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, VERSION)
-    if abi < 1:
-        raise OSError(ctypes.get_errno(), "Landlock is not available")
-    fs = (1 << {1: 13, 2: 14, 3: 15, 4: 15}.get(abi, 16)) - 1
-    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
-    size = 8 if abi < 4 else 16 if abi < 6 else 24
-    ruleset = libc.syscall(444, ctypes.c_char_p(attr[:size]), size, 0)
-    if ruleset < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
-    read, file_only = 1 | 4 | 8, 1 | 2 | 4 | (1 << 14) | (1 << 15)
-    rules = [(p, read) for p in read_paths] + [(os.devnull, 2 | 4)]
-    for path, access in rules:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        if not os.path.isdir(path):
-            access &= file_only
-        rule = struct.pack("=Qi", access & fs, fd)
-        if libc.syscall(445, ruleset, 1, ctypes.c_char_p(rule), 0) < 0:
-            raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
-        os.close(fd)
-    if libc.syscall(446, ruleset, 0) < 0:
-        raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
-    os.close(ruleset)
-
-
-def _die_with(parent):
-    """SIGKILL when the parent goes (PR_SET_PDEATHSIG), and exit if `parent` (when known)
-    already went before that was set."""
-    _libc().prctl(1, signal.SIGKILL, 0, 0, 0)
-    if parent is not None and os.getppid() != parent:
-        os._exit(0)
-
 
 def _private_fds():
     """Protocol fds moved aside; 0 -> /dev/null, 1 and 2 -> the capped output file."""
@@ -242,12 +101,6 @@ def _private_fds():
     os.dup2(out, 2)
     os.close(null), os.close(out)
     return fd_in, fd_out
-
-
-def _no_new_privileges_and_not_dumpable():
-    libc = _libc()
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    libc.prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE = 0
 
 
 def _empty_tmp():
@@ -321,9 +174,9 @@ def _child(write_fd, work):
     try:
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, 1024)
-        _die_with(RUNNER_PID)
-        _rlimits()
-        lock_down()
+        confine.die_with(RUNNER_PID)
+        confine.rlimits(LIMITS)
+        confine.lock_down(LIMITS)
         work(write_fd)
     finally:
         os._exit(0)
@@ -578,18 +431,18 @@ def main():
     global LIMITS, RUNNER_PID
     mode, LIMITS = sys.argv[1], json.loads(sys.argv[2])
     RUNNER_PID = os.getpid()
-    _die_with(LIMITS.get("parent"))
+    confine.die_with(LIMITS.get("parent"))
     signal.signal(signal.SIGALRM, _on_alarm)
     import pyseccomp  # noqa: F401 - now, once: finding libseccomp runs ldconfig (a fork)
     fd_in, fd_out = _private_fds()
     try:
-        _no_new_privileges_and_not_dumpable()  # Landlock needs no-new-privileges first
+        confine.no_new_privileges_and_not_dumpable()  # Landlock needs it first
         if LIMITS.get("landlock") is not None:
-            _landlock(LIMITS["landlock"])
+            confine.landlock(LIMITS["landlock"])
             os.chdir("/")
         else:
             os.chdir("/tmp")
-        _rlimits()
+        confine.rlimits(LIMITS)
     except Exception as exc:  # noqa: BLE001 - the caller is told why, and nothing runs
         send(fd_out, {"ready": False, "error": _error(exc)})
         os._exit(1)
