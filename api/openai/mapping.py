@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -57,12 +57,14 @@ class Hyperparameters(BaseModel):
     """OpenAI's `ReinforcementHyperparameters` with this service's bounds."""
 
     model_config = ConfigDict(extra="forbid")
-    batch_size: Auto | int | None = Field(None, ge=1, le=8192)
-    compute_multiplier: Auto | float | None = Field(None, gt=0, le=256)
-    eval_interval: Auto | int | None = Field(None, ge=1, le=1_000_000)
-    eval_samples: Auto | int | None = Field(None, ge=1, le=4096)
-    learning_rate_multiplier: Auto | float | None = Field(None, gt=0, le=10_000)
-    n_epochs: Auto | int | None = Field(None, ge=1, le=1000)
+    # The bounds sit on the number, not the union: pydantic applies a Field's bounds to
+    # every member, and comparing "auto" with a number raised a TypeError (a 500).
+    batch_size: Auto | Annotated[int, Field(ge=1, le=8192)] | None = None
+    compute_multiplier: Auto | Annotated[float, Field(gt=0, le=256)] | None = None
+    eval_interval: Auto | Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    eval_samples: Auto | Annotated[int, Field(ge=1, le=4096)] | None = None
+    learning_rate_multiplier: Auto | Annotated[float, Field(gt=0, le=10_000)] | None = None
+    n_epochs: Auto | Annotated[int, Field(ge=1, le=1000)] | None = None
     reasoning_effort: Literal["default", "low", "medium", "high"] | None = None
 
 

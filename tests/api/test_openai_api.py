@@ -151,6 +151,17 @@ def test_create_maps_onto_the_spec(sdk, client, auth, training_file, enqueued) -
     assert exc.value.param == "validation_file"
 
 
+def test_auto_hyperparameters_are_the_defaults(sdk, training_file) -> None:
+    """"auto" for every number (the SDK's own default) is accepted: bounds on the union
+    used to compare "auto" with a number, a 500 (schemathesis found it)."""
+    auto = dict.fromkeys(("batch_size", "compute_multiplier", "eval_interval", "eval_samples",
+                          "learning_rate_multiplier", "n_epochs"), "auto")
+    job = create(sdk, training_file, method=rl_method(**auto))
+    assert job.status == "queued"
+    chosen = job.method.reinforcement.hyperparameters  # "auto" comes back resolved, as OpenAI's
+    assert isinstance(chosen.batch_size, int) and isinstance(chosen.n_epochs, int)
+
+
 def test_brorl_settings_through_extra_body(sdk, client, auth, training_file) -> None:
     schedule = [{"n": 4, "prompts_per_step": 2, "steps": 3}, {"n": 16, "prompts_per_step": 1,
                                                               "steps": 2}]
