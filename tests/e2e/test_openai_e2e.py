@@ -50,6 +50,9 @@ def stack(tmp_path_factory) -> Iterator[tuple[Stack, Path]]:
     model_dir = cache_dir() / "models" / f"tiny-{tiny_model_key(warm)}"
     with running_stack(tmp_path_factory.mktemp("openai"), {
             "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1",
+            # A pause reaches the worker with its heartbeat: at the default 20 s the
+            # 11-step job sometimes finished first on a quiet machine.
+            "BRORL_HEARTBEAT_SECONDS": "1",
             "BRORL_MODEL_ROOTS": str(model_dir.parent)}) as stack:
         yield stack, model_dir
 
