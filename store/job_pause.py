@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from store.errors import InvalidTransition, NotFound
-from store.jobs import _NO_SYNC, _cas, _event, _fenced_update, get_job
+from store.jobs import _NO_SYNC, _ask_running, _cas, _event, _fenced_update, get_job
 from store.models import EventType, Job, JobStatus, utcnow
 
 
@@ -39,14 +39,7 @@ def request_pause(s: Session, tenant_id: int, job_id: str) -> Job:
             if job.cancel_requested:
                 raise InvalidTransition(job.status, f"cannot pause job {job_id}: it is being "
                                                     f"cancelled")
-            first = not job.pause_requested and s.execute(
-                update(Job).where(Job.id == job_id, Job.status == JobStatus.running,
-                                  Job.pause_requested.is_(False))
-                .values(pause_requested=True, updated_at=now).execution_options(**_NO_SYNC)
-            ).rowcount == 1
-            done = job.pause_requested or first
-            if first:
-                _event(s, job_id, EventType.pause_requested, attempt=job.attempt)
+            done = _ask_running(s, job, "pause_requested", EventType.pause_requested, now)
         else:
             raise InvalidTransition(job.status, f"cannot pause job {job_id}: it is already "
                                                 f"{job.status.value}")

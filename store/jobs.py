@@ -184,16 +184,7 @@ def request_cancel(s: Session, tenant_id: int, job_id: str, kind: JobKind = JobK
                 _event(s, job_id, EventType.cancelled,
                        reason=f"cancelled while {job.status.value}")
         elif job.status == JobStatus.running:
-            # Only the request that flips the flag logs the event: concurrent cancels of one
-            # job write one `cancel_requested` (the others' compare-and-set misses).
-            first = not job.cancel_requested and s.execute(
-                update(Job).where(Job.id == job_id, Job.status == JobStatus.running,
-                                  Job.cancel_requested.is_(False))
-                .values(cancel_requested=True, updated_at=now).execution_options(**_NO_SYNC)
-            ).rowcount == 1
-            done = job.cancel_requested or first
-            if first:
-                _event(s, job_id, EventType.cancel_requested, attempt=job.attempt)
+            done = _ask_running(s, job, "cancel_requested", EventType.cancel_requested, now)
         else:
             raise InvalidTransition(job.status, f"cannot cancel job {job_id}: it is already "
                                                 f"{job.status.value}")
@@ -202,6 +193,20 @@ def request_cancel(s: Session, tenant_id: int, job_id: str, kind: JobKind = JobK
         if done:
             return job
     raise InvalidTransition(job.status, f"job {job_id} changed state during cancel; retry")
+
+
+def _ask_running(s: Session, job: Job, flag: str, event: EventType, now) -> bool:
+    """Set a running job's request flag (cancel_requested, pause_requested); True once it is
+    set. Only the request that flips it logs `event`: concurrent requests for one job write
+    one event (the others' compare-and-set misses)."""
+    column = getattr(Job, flag)
+    first = not getattr(job, flag) and s.execute(
+        update(Job).where(Job.id == job.id, Job.status == JobStatus.running, column.is_(False))
+        .values({flag: True, "updated_at": now}).execution_options(**_NO_SYNC)
+    ).rowcount == 1
+    if first:
+        _event(s, job.id, event, attempt=job.attempt)
+    return getattr(job, flag) or first
 
 
 def _cas(s: Session, job_id: str, expected: JobStatus, **values: Any) -> bool:

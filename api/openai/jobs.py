@@ -105,14 +105,20 @@ def resume(job_id: str, session: SessionDep, settings: SettingsDep, tenant: Tena
     return _job(session, resume_job(session, settings, tenant.id, job_id, enqueue))
 
 
+def _cursor(after: str | None, prefix: str, what: str) -> int | None:
+    """The row id an `after` cursor names; a 400 naming `after` for anything else."""
+    cursor = cursor_int(after, prefix)
+    if after is not None and cursor is None:
+        raise bad_request("after", f"not {what} id of this API ({prefix}<n>)")
+    return cursor
+
+
 @router.get("/jobs/{job_id}/events")
 def list_events(job_id: str, session: SessionDep, tenant: TenantDep, limit: Limit = 20,
                 after: After = None) -> dict[str, Any]:
     """The job's events, newest first (OpenAI's order); `after` is the previous page's last id."""
     job_or_404(session, tenant.id, job_id)
-    cursor = cursor_int(after, EVENT_PREFIX)
-    if after is not None and cursor is None:
-        raise bad_request("after", f"not an event id of this API ({EVENT_PREFIX}<n>)")
+    cursor = _cursor(after, EVENT_PREFIX, "an event")
     rows = jobs.list_events(session, tenant.id, job_id, after=cursor, limit=limit + 1,
                             newest_first=True)
     return _page([event_object(e) for e in rows[:limit]], len(rows) > limit)
@@ -123,9 +129,7 @@ def list_checkpoints(job_id: str, session: SessionDep, tenant: TenantDep, limit:
                      after: After = None) -> dict[str, Any]:
     """The job's kept checkpoints, newest first, each with its step's metrics."""
     job_or_404(session, tenant.id, job_id)
-    cursor = cursor_int(after, CHECKPOINT_PREFIX)
-    if after is not None and cursor is None:
-        raise bad_request("after", f"not a checkpoint id of this API ({CHECKPOINT_PREFIX}...)")
+    cursor = _cursor(after, CHECKPOINT_PREFIX, "a checkpoint")
     rows = jobs.list_checkpoints(session, tenant.id, job_id, after=cursor, limit=limit + 1,
                                  newest_first=True)[: limit + 1]
     page = rows[:limit]
