@@ -29,11 +29,10 @@ import yaml
 
 from cli.client import BrorlAPIError, BrorlClient
 from trainer.graders import sandbox_layer
-from trainer.run import cache_dir, tiny_model_key
-from trainer.spec import JobSpec, ReasoningGymTask
+from trainer.spec import ReasoningGymTask
 from trainer.tasks import reasoning_gym_task
 from trainer.tasks.prompts import PLAIN_INSTRUCTION
-from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
+from tests.support.tinyprebuild import SHARED_SEED, shared_model_dir, shared_task
 from tests.support.upstack import Stack, running_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900),
@@ -124,10 +123,7 @@ def _write_datasets(folder: Path) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[tuple[Stack, Path]]:
-    warm = JobSpec.model_validate({"name": "warm", "seed": SHARED_SEED, "task": shared_task(),
-                                   "rollout": {"engine": "hf", "max_new_tokens": 24}})
-    prebuild(warm)  # the suite's shared model: built once, whoever asks first
-    model_dir = cache_dir() / "models" / f"tiny-{tiny_model_key(warm)}"
+    model_dir = shared_model_dir()
     assert (model_dir / "config.json").exists()
     with running_stack(tmp_path_factory.mktemp("datasets"), {
             "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1",

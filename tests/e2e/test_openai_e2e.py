@@ -20,11 +20,10 @@ import openai
 import pytest
 
 from trainer.graders import sandbox_layer
-from trainer.run import cache_dir, tiny_model_key
-from trainer.spec import JobSpec, ReasoningGymTask
+from trainer.spec import ReasoningGymTask
 from trainer.tasks import reasoning_gym_task
 from trainer.tasks.prompts import PLAIN_INSTRUCTION
-from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
+from tests.support.tinyprebuild import SHARED_SEED, shared_model_dir, shared_task
 from tests.support.upstack import Stack, running_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
@@ -44,10 +43,7 @@ BRORL = {"rollout": {"engine": "hf", "max_new_tokens": 24},
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[tuple[Stack, Path]]:
-    warm = JobSpec.model_validate({"name": "warm", "seed": SHARED_SEED, "task": shared_task(),
-                                   "rollout": {"engine": "hf", "max_new_tokens": 24}})
-    prebuild(warm)  # the suite's shared model: built once, whoever asks first
-    model_dir = cache_dir() / "models" / f"tiny-{tiny_model_key(warm)}"
+    model_dir = shared_model_dir()
     with running_stack(tmp_path_factory.mktemp("openai"), {
             "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1",
             # A pause reaches the worker with its heartbeat: at the default 20 s the

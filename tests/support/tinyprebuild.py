@@ -37,3 +37,14 @@ def prebuild(spec: JobSpec, sft_steps: int = 300) -> None:
         raise AssertionError(f"builtin:tiny {key} was prebuilt with {_caps[key]} SFT steps, this test "
                              f"asks {sft_steps}: the cache would hand it the other model")
     prepare_tiny_model(spec, None, max_sft_steps=sft_steps)
+
+
+def shared_model_dir():
+    """The suite's shared warm-started builtin:tiny as a model folder (for jobs that name a
+    folder under BRORL_MODEL_ROOTS): built once, whoever asks first."""
+    from trainer.run import cache_dir, tiny_model_key
+
+    warm = JobSpec.model_validate({"name": "warm", "seed": SHARED_SEED, "task": shared_task(),
+                                   "rollout": {"engine": "hf", "max_new_tokens": 24}})
+    prebuild(warm)
+    return cache_dir() / "models" / f"tiny-{tiny_model_key(warm)}"
