@@ -29,7 +29,7 @@ from api.guards import GuardMiddleware
 from api.quotas import StreamSlots
 from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
 from api.ratelimit import RateLimitMiddleware
-from api.task_probe import TaskProbe
+from api.task_check import TaskCheck
 from api.routes import checkpoints, datasets, events_metrics, graders, health, jobs, probes, samples
 from api.openai import openai_router
 from api.web import install_dashboard
@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     app.state.auth_cache = {}  # api.deps: key hash -> (valid until, tenant)
     app.state.stream_slots = StreamSlots()
     app.state.upload_slots = StreamSlots("uploads in progress")
-    app.state.task_probe = TaskProbe(settings)
+    app.state.task_check = TaskCheck(settings)
     app.state.stream_poll_seconds = (
         stream_poll_seconds
         if stream_poll_seconds is not None

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from store import keys
-from store.models import Tenant
+from store.tables import Tenant
 from store.settings import Settings
 
 from api.errors import ApiError

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from store.jobs import count_jobs_by_status
-from store.models import JobStatus
+from store.tables import JobStatus
 
 log = logging.getLogger(__name__)
 

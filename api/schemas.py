@@ -13,7 +13,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from store.models import EventType, JobStatus
+from store.tables import EventType, JobStatus
 
 T = TypeVar("T")
 

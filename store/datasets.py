@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from store.models import Dataset, Job, JobStatus, new_ulid
+from store.tables import Dataset, Job, JobStatus, new_ulid
 
 
 def new_dataset_id() -> str:

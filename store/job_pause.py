@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from store.errors import InvalidTransition, NotFound
 from store.jobs import _NO_SYNC, _ask_running, _cas, _event, _fenced_update, get_job
-from store.models import EventType, Job, JobStatus, utcnow
+from store.tables import EventType, Job, JobStatus, utcnow
 
 
 def request_pause(s: Session, tenant_id: int, job_id: str) -> Job:

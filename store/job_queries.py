@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, Text, and_, bindparam, cast, func, or_, select
 from sqlalchemy.orm import Session
 
-from store.models import Checkpoint, Job, JobEvent, JobKind, JobSample, JobStatus, Metric
+from store.tables import Checkpoint, Job, JobEvent, JobKind, JobSample, JobStatus, Metric
 
 # Every read of a job overwrites the session's copy: the state machine's compare-and-set
 # UPDATEs bypass loaded objects, and a long-lived session (expire_on_commit=False) must never

@@ -40,7 +40,7 @@ from store.job_queries import (  # re-exported: store.jobs is the one entry poin
     list_samples,
     metric_page_raw,
 )
-from store.models import (
+from store.tables import (
     TERMINAL_STATUSES,
     Checkpoint,
     EventType,

@@ -13,7 +13,7 @@ import secrets
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from store.models import ApiKey, Tenant, utcnow
+from store.tables import ApiKey, Tenant, utcnow
 
 KEY_PREFIX = "brorl_"
 DISPLAY_PREFIX_CHARS = 12

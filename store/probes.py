@@ -1,6 +1,6 @@
 """Probes as jobs: what a probe's row holds and how its model and base job spec are found.
 
-A probe is a job row of kind `probe` (store.models.JobKind), so it is queued, claimed, leased,
+A probe is a job row of kind `probe` (store.tables.JobKind), so it is queued, claimed, leased,
 fenced, cancelled and reaped by the one state machine in store.jobs. This module only adds
 what is probe-specific: the stored spec is the `ProbeSpec` with its task filled in, progress
 counts samples (`total_steps` = n x prompts), and `resolve` turns `model: {job, step}` into
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from store import jobs
-from store.models import Job, JobKind
+from store.tables import Job, JobKind
 from trainer.probe_spec import CheckpointRef, ProbeSpec, base_job_spec
 from trainer.spec import FieldError, JobSpec, spec_errors
 

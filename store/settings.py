@@ -13,11 +13,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MIB = 1024 * 1024
 DEFAULT_DATA_DIR = Path("~/.brorl")
+
+
+def _named(field: str, *former: str) -> AliasChoices:
+    """A field read from its BRORL_ variable, a former name's, or its own name when passed in."""
+    return AliasChoices(field, *(f"BRORL_{n.upper()}" for n in (field, *former)))
 
 
 def _default_worker_id() -> str:
@@ -110,11 +115,15 @@ class Settings(BaseSettings):
     # query less per request); a revoked key therefore stops working within this time.
     auth_cache_seconds: float = 5
     # Before a job is accepted its reasoning-gym config builds a few examples in a child
-    # process with these limits (api/task_probe.py); 0 s turns the probe off. Per API process,
-    # at most max_concurrent_task_probes such children run at once.
-    task_probe_timeout_s: float = Field(10, ge=0)
-    task_probe_memory_mb: int = Field(1024, ge=64)
-    max_concurrent_task_probes: int = Field(2, ge=1)
+    # process with these limits (api/task_check.py); 0 s turns the check off. Per API process,
+    # at most max_concurrent_task_checks such children run at once.
+    # The BRORL_*TASK_PROBE* names of earlier releases are still read.
+    task_check_timeout_s: float = Field(10, ge=0, validation_alias=_named(
+        "task_check_timeout_s", "task_probe_timeout_s"))
+    task_check_memory_mb: int = Field(1024, ge=64, validation_alias=_named(
+        "task_check_memory_mb", "task_probe_memory_mb"))
+    max_concurrent_task_checks: int = Field(2, ge=1, validation_alias=_named(
+        "max_concurrent_task_checks", "max_concurrent_task_probes"))
     # Host headers the API answers (comma-separated, `*.example.com` allowed); others are a
     # 400. The default `*` answers any: set it in production (api/headers.py).
     allowed_hosts: Annotated[list[str], NoDecode] = ["*"]

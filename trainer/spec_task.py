@@ -168,7 +168,7 @@ class TaskSpec(_Frozen):
 
 def _grader_path(loc: tuple) -> str:
     """A grader error's location without pydantic's union tags (`python`, `multi`, ...)."""
-    from trainer.graders.models import GRADER_TYPES
+    from trainer.graders.schemas import GRADER_TYPES
 
     out: list[str] = []
     for i, part in enumerate(loc):
@@ -181,7 +181,7 @@ def _grader_path(loc: tuple) -> str:
 
 def check_grader(grader: Any, where: str) -> None:
     """FieldError naming `where.<path>` when `grader` is not a valid grader (trainer.graders)."""
-    from trainer.graders.models import parse_grader
+    from trainer.graders.schemas import parse_grader
 
     try:
         parse_grader(grader)

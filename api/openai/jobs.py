@@ -16,7 +16,7 @@ from fastapi.responses import RedirectResponse
 from sqlalchemy.orm import Session
 
 from store import datasets, job_pause, jobs
-from store.models import Job
+from store.tables import Job
 
 from api.deps import EnqueueDep, SessionDep, SettingsDep, TenantDep
 from api.errors import ApiError

@@ -14,8 +14,8 @@ import re
 from datetime import datetime
 from typing import Any
 
-from store.models import Checkpoint, Dataset, EventType, Job, JobEvent, JobStatus
-from trainer.graders.models import parse_grader
+from store.tables import Checkpoint, Dataset, EventType, Job, JobEvent, JobStatus
+from trainer.graders.schemas import parse_grader
 
 from api.openai.mapping import BASE_LR, BASE_N, request_field
 

@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse
 
 from store import jobs
 from store.errors import NotFound
-from store.models import Checkpoint
+from store.tables import Checkpoint
 from trainer.checkpoints import format as ckpt_format
 
 from api.deps import SessionDep, TenantDep

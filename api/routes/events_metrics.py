@@ -34,7 +34,7 @@ from starlette.background import BackgroundTask
 from store import jobs
 from store.db import get_read_engine
 from store.errors import NotFound
-from store.models import TERMINAL_STATUSES, JobStatus
+from store.tables import TERMINAL_STATUSES, JobStatus
 from trainer.spec import MAX_TOTAL_STEPS
 
 from api.deps import SessionDep, TenantDep

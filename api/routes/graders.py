@@ -26,7 +26,7 @@ from trainer.graders import (
 from trainer.graders.judges import JudgeError, get_judge
 from trainer.graders.settings import grader_settings
 from trainer.graders.verifier_cache import VerifierScorers
-from trainer.graders.models import (
+from trainer.graders.schemas import (
     LabelModelGrader, MultiGrader, ScoreModelGrader, TextSimilarityGrader)
 from trainer.graders.similarity import UnsupportedMetric, check_metric
 

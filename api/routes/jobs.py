@@ -2,7 +2,7 @@
 
 Creating a job is: validate the spec (FastAPI does it against `JobSpec`; the dataset's owner
 and the GPU count are checked here, and a reasoning-gym config must build a few examples within
-the limits of `api.task_probe`), insert the row, COMMIT, and only then enqueue the id by
+the limits of `api.task_check`), insert the row, COMMIT, and only then enqueue the id by
 task name on the queue of its GPU count. The
 order matters: a worker that got the message before the commit would find no job. If the
 broker is down the enqueue fails after the commit; the job then stays queued, the request
@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session
 
 from store import datasets, job_pause, jobs
 from store.errors import NotFound
-from store.models import Dataset, Job, JobStatus
+from store.tables import Dataset, Job, JobStatus
 from store.model_paths import model_path_problem
 from store.settings import Settings
-from trainer.graders.models import parse_grader
+from trainer.graders.schemas import parse_grader
 from trainer.spec import FieldError, JobSpec
 
 from api.deps import Enqueue, EnqueueDep, SessionDep, SettingsDep, TenantDep
@@ -81,7 +81,7 @@ def submit_job(spec: JobSpec, session: Session, settings: Settings, tenant_id: i
     quota, idempotency and enqueue. `client_meta` is stored beside the spec (store.jobs)."""
     if (problem := model_path_problem(spec.model.path, settings)) is not None:
         raise field_error("model.path", problem)  # the worker checks the same rule again
-    request.app.state.task_probe.check(spec)
+    request.app.state.task_check.check(spec)
     gpus = spec.resources.gpus_per_node
     if gpus not in settings.gpu_counts:
         # Each GPU count has its own queue; a count no worker serves would wait there for ever.

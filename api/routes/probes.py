@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from store import datasets, jobs, probes
 from store.errors import NotFound
 from store.model_paths import model_path_problem
-from store.models import Job, JobKind, JobStatus
+from store.tables import Job, JobKind, JobStatus
 from trainer.probe_spec import ProbeSpec
 from trainer.spec import FieldError, ModelSpec
 

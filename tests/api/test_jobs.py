@@ -6,7 +6,7 @@ import pytest
 
 from store import jobs as store_jobs
 from store.db import session_scope
-from store.models import JobStatus
+from store.tables import JobStatus
 
 from tests.api.helpers import assert_error, make_spec
 

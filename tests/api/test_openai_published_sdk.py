@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from trainer.graders import sandbox_layer, validate_grader
-from trainer.graders.models import needs_sandbox
+from trainer.graders.schemas import needs_sandbox
 from tests.api.live import serve
 from tests.trainer.test_openai_published import FIXTURES, expected_reward, load, openai_judges
 

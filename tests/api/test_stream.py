@@ -9,7 +9,7 @@ import pytest
 
 from store import jobs as store_jobs
 from store.db import session_scope
-from store.models import JobStatus
+from store.tables import JobStatus
 
 from tests.api.helpers import assert_error, make_spec, parse_sse
 
@@ -50,7 +50,7 @@ def test_metrics_page_is_what_the_pydantic_models_write(client, auth, other_auth
     """The hot route assembles its JSON from the database's JSON text (one query, no
     re-encoding): it must say exactly what ListPublic[MetricPublic] says."""
     from api.schemas import ListPublic, MetricPublic
-    from store.models import Job
+    from store.tables import Job
 
     job_id, attempt = running_job
     url = f"/v1/jobs/{job_id}/metrics"

@@ -3,7 +3,7 @@ real API (both databases): never a 500, never more than a few seconds.
 
 For each task, hypothesis draws configs made of the task's own field names and made-up
 ones, holding wrong types, missing and extra keys, huge and negative numbers (around the
-bounds, too, so that some reach the submission probe), nesting, unicode, NUL and lone
+bounds, too, so that some reach the submission check), nesting, unicode, NUL and lone
 surrogates. Each answer must be a 201 or a 422 in the error shape, and a config accepted
 with a 201 must really build a few examples within seconds (checked here in a child
 process with a time limit, as a worker would build it).
@@ -23,13 +23,13 @@ from reasoning_gym.factory import DATASETS
 from api.app import create_app
 from tests.api.helpers import make_spec
 from trainer.tasks.config_limits import field_cap
-from trainer.tasks.isolated import TaskBuildError, probe
+from trainer.tasks.isolated import TaskBuildError, check_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 EXAMPLES_PER_TASK = 5
-PROBE_TIMEOUT_S = 3.0
-MAX_SECONDS = 2 * PROBE_TIMEOUT_S + 4  # the probe's two builds and a fork each
+CHECK_TIMEOUT_S = 3.0
+MAX_SECONDS = 2 * CHECK_TIMEOUT_S + 4  # the check's two builds and a fork each
 
 NUMBERS = st.one_of(
     st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
@@ -51,7 +51,7 @@ def _fields(name: str) -> dict[str, object]:
 
 
 def _near_bound(task: str, field: str, default: object) -> st.SearchStrategy:
-    """Numbers near the field's bound and its default: in range, so the probe builds them."""
+    """Numbers near the field's bound and its default: in range, so the check builds them."""
     cap = field_cap(task, field, default)
     base = default if isinstance(default, (int, float)) and not isinstance(default, bool) else 1
     return st.sampled_from([int(cap), int(cap) + 1, -int(cap), base, base * 2, base * 5])
@@ -81,7 +81,7 @@ def _post(client: TestClient, auth: dict, task: str, config: object):
 
 def test_hostile_configs_for_every_task(settings, enqueued, auth):
     app = create_app(settings.model_copy(update={"rate_limit_per_s": 0,
-                                                 "task_probe_timeout_s": PROBE_TIMEOUT_S,
+                                                 "task_check_timeout_s": CHECK_TIMEOUT_S,
                                                  "max_active_jobs_per_tenant": 10**6}),
                      enqueue=enqueued)
     with TestClient(app) as client:
@@ -98,7 +98,7 @@ def test_hostile_configs_for_every_task(settings, enqueued, auth):
                     assert resp.json()["error"]["field"].startswith(("task", "name")), resp.text
                     return
                 try:  # accepted: it must really be cheap to build
-                    probe(task, config, timeout_s=MAX_SECONDS, memory_mb=2048)
+                    check_config(task, config, timeout_s=MAX_SECONDS, memory_mb=2048)
                 except TaskBuildError as exc:
                     pytest.fail(f"{task} {config!r} was accepted but does not build: {exc}")
 

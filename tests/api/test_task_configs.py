@@ -1,7 +1,7 @@
 """Reasoning-gym task configs from a tenant: bounded, built in a child process, never a 500.
 
 Each case below was accepted (201) or crashed the API (500) before the bounds and the
-submission probe existed; a worker that claimed the first one stopped for every tenant.
+submission check existed; a worker that claimed the first one stopped for every tenant.
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ def test_out_of_bounds_config_is_422_naming_the_field(client, auth, enqueued, ca
     assert enqueued == []
 
 
-def test_config_within_bounds_but_too_slow_is_refused_by_the_probe(app, client, auth, enqueued):
-    # Inside the bounds (at most 90), but one 12x12 futoshiki takes far longer than the probe's
+def test_config_within_bounds_but_too_slow_is_refused_by_the_submission_check(app, client, auth, enqueued):
+    # Inside the bounds (at most 90), but one 12x12 futoshiki takes far longer than the check's
     # limit: the child is killed and the answer is a 422, not a hang.
-    app.state.task_probe.timeout_s = 2
+    app.state.task_check.timeout_s = 2
     body = _task("futoshiki", {"min_board_size": 12, "max_board_size": 12})
     err = assert_error(client.post("/v1/jobs", json=body, headers=auth), 422,
                        "validation_error", field=CONFIG)
@@ -67,3 +67,16 @@ def test_config_within_bounds_is_accepted(client, auth, enqueued):
     resp = client.post("/v1/jobs", json=body, headers=auth)
     assert resp.status_code == 201, resp.text
     assert enqueued == [resp.json()["id"]]
+
+
+def test_the_check_reads_its_variables_and_their_former_names(monkeypatch):
+    """The submission check's limits were once BRORL_*TASK_PROBE*; both names are read, the
+    current one first, so a deployment's old environment keeps its limits."""
+    from store.settings import Settings
+
+    monkeypatch.setenv("BRORL_TASK_PROBE_TIMEOUT_S", "3")
+    monkeypatch.setenv("BRORL_MAX_CONCURRENT_TASK_PROBES", "5")
+    assert (Settings().task_check_timeout_s, Settings().max_concurrent_task_checks) == (3, 5)
+    monkeypatch.setenv("BRORL_TASK_CHECK_TIMEOUT_S", "4")
+    assert Settings().task_check_timeout_s == 4
+    assert Settings(task_check_memory_mb=512).task_check_memory_mb == 512

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from store.db import session_scope
-from store.models import Checkpoint, Job, JobEvent, Metric
+from store.tables import Checkpoint, Job, JobEvent, Metric
 from tests.support.jobs import FAKE_ENTRYPOINT, make_spec
 from trainer.checkpoints import format as ckpt_format
 

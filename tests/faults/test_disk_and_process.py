@@ -82,7 +82,7 @@ def test_checkpoint_into_a_read_only_dir_fails_clearly(small_disk):
 def test_archive_on_a_full_disk_records_nothing_and_removes_the_folder(stack, small_disk):
     from store import jobs
     from store.db import session_scope
-    from store.models import Checkpoint
+    from store.tables import Checkpoint
     from tests.support.fake_trainer import write_checkpoint
     from worker.sink import DbSink
 

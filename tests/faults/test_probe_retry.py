@@ -10,7 +10,7 @@ import pytest
 
 from store import keys, probes
 from store.db import session_scope
-from store.models import Job, JobEvent, JobStatus
+from store.tables import Job, JobEvent, JobStatus
 from tests.faults.helpers import wait_for
 from tests.support.tinyprebuild import prebuild
 from trainer.probe_spec import ProbeSpec, base_job_spec

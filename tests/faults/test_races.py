@@ -13,7 +13,7 @@ import pytest
 from store import jobs
 from store.db import session_scope
 from store.errors import Fenced
-from store.models import Job, JobEvent, JobStatus
+from store.tables import Job, JobEvent, JobStatus
 from tests.faults.helpers import assert_consistent, event_types, job, wait_for
 from worker import runner
 
@@ -130,7 +130,7 @@ def database_down(pg_url: str) -> Iterator[None]:
 
 
 def _metric_rows(job_id: str) -> list[tuple[int, float]]:
-    from store.models import Metric
+    from store.tables import Metric
 
     with session_scope() as s:
         return [(m.step, m.values["reward_mean"])
@@ -223,7 +223,7 @@ def test_lease_times_come_from_the_database_clock(stack, monkeypatch):
     from sqlalchemy import func, select
 
     from store import jobs as store_jobs
-    from store.models import utcnow
+    from store.tables import utcnow
 
     job_id = stack.submit("fake")
     # A worker (and reaper) whose clock runs an hour ahead of the database server.

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from store.db import session_scope
-from store.models import JobEvent, JobStatus
+from store.tables import JobEvent, JobStatus
 from tests.faults.helpers import assert_consistent, checkpoint_steps, event_types, job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(180)]

@@ -26,7 +26,7 @@ def force_layer(monkeypatch, name: str) -> None:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    monkeypatch.setattr(layers, "_probe", lambda: layers.LayerStatus(name))
+    monkeypatch.setattr(layers, "_detect", lambda: layers.LayerStatus(name))
 
 
 @pytest.fixture(params=LAYERS)

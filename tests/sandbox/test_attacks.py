@@ -82,7 +82,7 @@ def test_read_the_project_source():
 
 def test_write_outside_the_temp_folder():
     check(attack("""
-        for path in ('/usr/owned', '/sandbox/runner.py', '/etc/owned', '/owned'):
+        for path in ('/usr/owned', '/sandbox/server.py', '/etc/owned', '/owned'):
             try:
                 open(path, 'w').write('x')
             except OSError:
@@ -106,7 +106,7 @@ def test_allocate_10_gb():
 
 
 def test_a_background_thread_that_outlives_its_sample():
-    """A thread left behind keeps firing timer signals at its runner: the runner is replaced
+    """A thread left behind keeps firing timer signals at its server: the server is replaced
     right after that sample, so the samples graded after it (in this call and the next)
     are not hit."""
     source = ("import os, signal, threading, time\n"
@@ -215,7 +215,7 @@ def test_a_program_that_rewrites_its_harness_verdict(cheat):
 
 
 def test_a_program_that_writes_results_nested_too_deep():
-    """The runner parses what a program's process writes back; a program that replaces the
+    """The server parses what a program's process writes back; a program that replaces the
     result writer with JSON nested past the parser's limit fails alone."""
     deep = ("```python\nimport json\n"
             "json.dumps = lambda *a, **k: '[' * 200000 + ']' * 200000\n"

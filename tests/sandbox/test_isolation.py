@@ -1,5 +1,5 @@
 """One test per finding of the hostile-tenant review of the sandbox, on both layers: what tenant
-code could do to the runner, to later requests, to the service and to the host.
+code could do to the server, to later requests, to the service and to the host.
 
 Each asserts that the attack fails, that the grading around it (the same batch, the next
 batch, another owner's) keeps its true scores, and that nothing of the sandbox is left
@@ -51,11 +51,11 @@ def then_honest(hostile: dict, samples=("ATTACK",)) -> tuple[list, list]:
     return first, later
 
 
-# ------------------------------------------------------------------ 1. owning the runner
+# ------------------------------------------------------------------ 1. owning the server
 
-def test_a_grader_that_rewrites_the_runner_does_not_reach_later_requests():
-    """(1a) Quietly replace the runner's grading function and builtins (later samples score
-    0, the runner keeps answering): the next request runs in a fresh process."""
+def test_a_grader_that_rewrites_the_server_does_not_reach_later_requests():
+    """(1a) Quietly replace the server's grading function and builtins (later samples score
+    0, the server keeps answering): the next request runs in a fresh process."""
     spy = python_grader("""
         import builtins
         main = sys.modules['__main__']
@@ -103,7 +103,7 @@ def test_a_raw_thread_does_not_outlive_its_sample():
         [r.details for r in results]
 
 
-def test_a_grader_cannot_leave_the_runner_broken():
+def test_a_grader_cannot_leave_the_server_broken():
     """(1d) Fill /tmp and try chroot: the next request has an empty /tmp and works."""
     breaker = python_grader("""
         try:
@@ -227,7 +227,7 @@ def test_tenant_code_runs_without_root_or_any_capability():
     probe, slow = seen[0]
     assert probe.reward == 1.0 and not probe.failed, probe.details
     assert slow.reward == 1.0
-    assert len(ids) >= 2, ids  # the runner and the sample's process at least
+    assert len(ids) >= 2, ids  # the server and the sample's process at least
     # bwrap itself keeps the caller's uid only outside its namespace: it too is not root.
     assert all(uid != 0 and eff == "0000000000000000" and prm == "0000000000000000"
                for uid, eff, prm in ids), ids
@@ -240,9 +240,9 @@ ADD = "```python\ndef add(a, b):\n    return a + b\n```"
 ADD_TESTS = {"tests": ["assert add(2, 2) == 4", "assert add(1, 0) == 1"]}
 
 
-def test_a_program_cannot_lower_its_runners_limits():
-    """(4) A generated program sets RLIMIT_DATA on its parent runner: refused, and the
-    programs after it (same runner) still run."""
+def test_a_program_cannot_lower_its_servers_limits():
+    """(4) A generated program sets RLIMIT_DATA on its parent server: refused, and the
+    programs after it (same server) still run."""
     cheat = ("```python\nimport os, resource\n"
              "resource.prlimit(os.getppid(), resource.RLIMIT_DATA, (1 << 20, 1 << 20))\n"
              "def add(a, b):\n    return a + b\n```")
@@ -331,7 +331,7 @@ def test_a_stop_ends_grading_within_seconds():
     assert stopped < 3.0, stopped
 
 
-def test_no_runner_outlives_its_service(layer, tmp_path):
+def test_no_server_outlives_its_service(layer, tmp_path):
     """SIGKILL the process that owns a busy sandbox: every sandbox process goes too."""
     tag = "brorl-orphan-" + uuid.uuid4().hex
     script = tmp_path / "owner.py"
@@ -340,7 +340,7 @@ def test_no_runner_outlives_its_service(layer, tmp_path):
         sys.path.insert(0, {str(REPO)!r})
         from trainer.graders import GraderRuntime
         from trainer.graders.sandbox import layer as layers
-        layers._probe = lambda: layers.LayerStatus({layer!r})
+        layers._detect = lambda: layers.LayerStatus({layer!r})
         grader = {{"type": "python", "name": "s", "source":
                    "import time\\ndef grade(s, i):\\n    time.sleep(100)\\n    return 1.0\\n"}}
         with GraderRuntime(pool_size=2, tag={tag!r}) as runtime:

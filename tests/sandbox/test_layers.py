@@ -18,7 +18,7 @@ PY = {"type": "python", "name": "p",
 @pytest.fixture
 def no_bubblewrap(monkeypatch):
     """Neither bubblewrap nor Landlock: no layer meets the bar."""
-    monkeypatch.setattr(layer, "_probe", lambda: layer.LayerStatus(
+    monkeypatch.setattr(layer, "_detect", lambda: layer.LayerStatus(
         "none", "bubblewrap: not installed; landlock: the kernel has no Landlock"))
 
 
@@ -41,9 +41,9 @@ def test_unsafe_override_still_runs_rlimits_and_seccomp(no_bubblewrap, monkeypat
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(layer.sandbox_layer() == "none", reason="needs a grader sandbox")
-def test_runners_are_reused_across_batches():
-    """One long-lived runner serves batch after batch (bwrap's die-with-parent follows the
-    thread that started it, so starting runners from a batch's worker threads would kill
+def test_servers_are_reused_across_batches():
+    """One long-lived server serves batch after batch (bwrap's die-with-parent follows the
+    thread that started it, so starting servers from a batch's worker threads would kill
     them after every batch)."""
     import time
 
@@ -59,7 +59,7 @@ def test_runners_are_reused_across_batches():
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(layer.sandbox_layer() == "none", reason="needs a grader sandbox")
-def test_a_runner_that_died_while_idle_is_not_charged_to_the_next_sample():
+def test_a_server_that_died_while_idle_is_not_charged_to_the_next_sample():
     import os
     import signal
 
@@ -68,27 +68,27 @@ def test_a_runner_that_died_while_idle_is_not_charged_to_the_next_sample():
     ok = {"type": "python", "name": "ok", "source": "def grade(sample, item):\n    return 1.0\n"}
     with GraderRuntime(pool_size=1) as runtime:
         runtime.grade(ok, ["x"], [{}])
-        (runner,) = runtime.pool("python")._all
-        # The runner dies between batches; its bwrap may still look alive for a moment.
-        for pid in processes_with(runner.token):
-            if pid != runner.proc.pid:
+        (server,) = runtime.pool("python")._all
+        # The server dies between batches; its bwrap may still look alive for a moment.
+        for pid in processes_with(server.token):
+            if pid != server.proc.pid:
                 os.kill(pid, signal.SIGKILL)
         results = runtime.grade(ok, ["x"] * 3, [{}] * 3)
     assert [r.reward for r in results] == [1.0] * 3 and not any(r.failed for r in results)
 
 
 @pytest.fixture
-def fresh_probe():
+def fresh_detection():
     """The layer is probed once per process: probe again here, and again after the test."""
-    layer._probe.cache_clear()
+    layer._detect.cache_clear()
     yield
-    layer._probe.cache_clear()
+    layer._detect.cache_clear()
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop happens for a root service")
 def test_a_python_installation_the_sandbox_uid_cannot_reach_is_refused(
-        fresh_probe, monkeypatch, tmp_path):
+        fresh_detection, monkeypatch, tmp_path):
     """Where no layer can run tenant code without root, it is refused, and the reason (also
     on /readyz) names the folder the operator must open."""
     locked = tmp_path / "locked-python"
@@ -105,7 +105,7 @@ def test_a_python_installation_the_sandbox_uid_cannot_reach_is_refused(
 
 
 @pytest.mark.timeout(120)
-def test_bwrap_is_found_wherever_the_operator_put_it(fresh_probe, monkeypatch):
+def test_bwrap_is_found_wherever_the_operator_put_it(fresh_detection, monkeypatch):
     import shutil
     import tempfile
 
@@ -121,7 +121,7 @@ def test_bwrap_is_found_wherever_the_operator_put_it(fresh_probe, monkeypatch):
         shutil.copy2(found, elsewhere / "bwrap")
         monkeypatch.setenv("BRORL_BWRAP_PATH", str(elsewhere / "bwrap"))
         assert layer.bwrap_binary() == str(elsewhere / "bwrap")
-        assert layer.runner_command("bubblewrap", "python", layer.Limits())[0] == \
+        assert layer.server_command("bubblewrap", "python", layer.Limits())[0] == \
             str(elsewhere / "bwrap")
         assert layer._why_not("bubblewrap") == ""
         monkeypatch.setenv("BRORL_BWRAP_PATH", str(elsewhere / "missing"))

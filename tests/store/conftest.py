@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from store.db import make_engine, reset_engine_cache
 from store.keys import create_tenant
 from store.migrate import upgrade
-from store.models import Base, Tenant
+from store.tables import Base, Tenant
 from store.settings import reset_settings_cache
 
 PG_SERVER = "postgresql://postgres@127.0.0.1:5432"

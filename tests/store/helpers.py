@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from store import jobs
-from store.models import Job, Tenant
+from store.tables import Job, Tenant
 
 
 def make_spec(max_attempts: int = 3, **extra: Any) -> dict[str, Any]:

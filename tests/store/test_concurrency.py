@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from store import jobs
-from store.models import Tenant, utcnow
+from store.tables import Tenant, utcnow
 from tests.store.helpers import make_job, make_spec
 
 ROUNDS = 10

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from store import jobs
 from store.errors import Fenced, IdempotencyConflict, InvalidTransition, NotFound
 from store.keys import create_tenant
-from store.models import EventType, JobEvent, JobStatus, Tenant, utcnow
+from store.tables import EventType, JobEvent, JobStatus, Tenant, utcnow
 from tests.store.helpers import make_job, make_spec
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from store import artifacts, datasets, keys
 from store.db import get_engine, get_sessionmaker, make_engine, normalize_url, session_scope
-from store.models import ApiKey, Tenant
+from store.tables import ApiKey, Tenant
 from store.settings import Settings, get_settings, reset_settings_cache
 from trainer.checkpoints import format as ckpt_format
 

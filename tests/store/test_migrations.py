@@ -8,7 +8,7 @@ from sqlalchemy import inspect
 
 from store import migrate
 from store.db import make_engine
-from store.models import Base
+from store.tables import Base
 
 TABLES = {"tenants", "api_keys", "jobs", "job_events", "job_samples", "metrics", "checkpoints", "datasets"}
 

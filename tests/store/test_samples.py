@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from store import jobs
 from store.errors import Fenced
 from store.keys import create_tenant
-from store.models import Tenant
+from store.tables import Tenant
 from tests.store.helpers import make_job
 
 

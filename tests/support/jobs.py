@@ -18,7 +18,7 @@ import pytest
 from store import jobs, keys
 from store.db import reset_engine_cache, session_scope
 from store.migrate import upgrade
-from store.models import Tenant
+from store.tables import Tenant
 from store.settings import get_settings, reset_settings_cache
 
 FAKE_ENTRYPOINT = "tests.support.fake_trainer:train"

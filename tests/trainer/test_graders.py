@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from trainer.graders import grade_batch, run_grader, sandbox_layer, validate_grader
 from trainer.graders import formula, similarity, templates
-from trainer.graders.models import MAX_PYTHON_SOURCE_BYTES, check_dataset_fields, parse_grader
+from trainer.graders.schemas import MAX_PYTHON_SOURCE_BYTES, check_dataset_fields, parse_grader
 
 needs_wordnet = pytest.mark.skipif(similarity.wordnet_dir() is None,
                                    reason="needs WordNet data (Debian's wordnet-base)")

@@ -15,7 +15,7 @@ from openai.types.fine_tuning.alpha.grader_run_response import GraderRunResponse
 
 from trainer.graders import GraderRuntime, run_grader, sandbox_layer, validate_grader
 from trainer.graders.judges import ALIASES_ENV, JUDGES_ENV
-from trainer.graders.models import needs_sandbox
+from trainer.graders.schemas import needs_sandbox
 
 HERE = Path(__file__).parent / "openai_published"
 FIXTURES = sorted(p for p in HERE.glob("*.json") if not p.name.endswith(".source.json"))

@@ -8,7 +8,7 @@ import pytest
 from store import job_pause, jobs
 from store.db import session_scope
 from store.errors import InvalidTransition
-from store.models import JobStatus
+from store.tables import JobStatus
 from tests.worker.test_runner import events, job_row, metric_steps, run_in_thread, wait_for
 from worker import runner
 

@@ -15,7 +15,7 @@ import pytest
 
 from store import jobs
 from store.db import session_scope
-from store.models import Checkpoint, Job, JobEvent, JobStatus, Metric
+from store.tables import Checkpoint, Job, JobEvent, JobStatus, Metric
 from tests.support.fake_trainer import write_checkpoint
 from worker import runner
 

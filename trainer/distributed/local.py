@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -67,8 +68,15 @@ class LocalRanks(Ranks):
             self.kill()
 
     def kill(self) -> None:
+        """SIGKILL torchrun and every rank, and return once none is left: a killed process keeps
+        its command line until the kernel has torn it down, and a rank's forked helpers carry the
+        same one, so the search repeats until it comes back empty (or KILL_WAIT_S passes)."""
         self._signal(signal.SIGKILL, every_rank=True)
         self.proc.wait()
+        deadline = time.monotonic() + KILL_WAIT_S
+        while _rank_pids(self.control) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            self._signal(signal.SIGKILL, every_rank=True)
 
 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)

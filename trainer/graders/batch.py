@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from trainer.graders import code, formula, judges, similarity, templates
-from trainer.graders.models import (
+from trainer.graders.schemas import (
     CodeGrader, LabelModelGrader, MultiGrader, PythonGrader, ScoreModelGrader,
     StringCheckGrader, TextSimilarityGrader, VerifierGrader, parse_grader)
 from trainer.graders.sandbox.layer import Limits
@@ -130,7 +130,7 @@ class GraderRuntime:
     its batches; close() kills them. Use as a context manager.
 
     `stop_check` (the trainer's: raises StopRequested on a cancel or a wall limit) is polled
-    while a batch waits on a sandbox, so a stop kills the runners within a fraction of a
+    while a batch waits on a sandbox, so a stop kills the servers within a fraction of a
     second. Verifier graders use `verifiers` (bounded; trainer.graders.verifier_cache): the
     runtime's own, closed with it, or one shared by many runtimes (the API's)."""
 
@@ -216,7 +216,7 @@ class GraderRuntime:
         def request(payloads: list) -> dict:
             return {"source": grader.source, "items": payloads, "timeout_s": timeout}
 
-        # The runner kills a sample's process 2 s past its timer; 10 s covers that and a
+        # The server kills a sample's process 2 s past its timer; 10 s covers that and a
         # fresh process's start.
         replies = self.pool("python").map(list(zip(samples, items)), request,
                                           item_timeout_s=timeout + 10.0, chunk=512,
@@ -237,7 +237,7 @@ class GraderRuntime:
                              "tests": [t.sandbox for t in parsed]}))
             tests.append(parsed)
         # A program's tests share the operator's per-sample bound (self.timeout_s), however
-        # many there are; the runner enforces it, this wait only backs it up.
+        # many there are; the server enforces it, this wait only backs it up.
         longest = grader.timeout_s * max((len(t) for t in tests), default=1)
         replies = self.pool("code").map(
             [job for _, job in jobs],

@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from trainer.graders.batch import GradeResult, GraderRuntime
-from trainer.graders.models import MultiGrader, needs_sandbox, parse_grader
+from trainer.graders.schemas import MultiGrader, needs_sandbox, parse_grader
 from trainer.graders.sandbox.layer import require_layer
 from trainer.tasks.base import Example
 from trainer.tasks.scoring import CORRECT_EPS, REWARDS, ScoreResult, truncated_flags

@@ -20,7 +20,7 @@ import os
 import warnings
 from typing import Callable
 
-from trainer.graders.models import StringCheckGrader, TextSimilarityGrader
+from trainer.graders.schemas import StringCheckGrader, TextSimilarityGrader
 from trainer.graders.settings import grader_settings
 
 

@@ -20,7 +20,7 @@ covered without a hand-written list of 100+ tasks:
 
 These bounds keep a config's cost in a sane range; they cannot prove it cheap. The API
 therefore also builds the dataset and a few examples in a child process with a time and
-memory limit (`trainer.tasks.isolated.probe`), and the worker builds the task in one too.
+memory limit (`trainer.tasks.isolated.check_config`), and the worker builds the task in one too.
 """
 from __future__ import annotations
 

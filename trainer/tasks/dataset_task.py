@@ -165,7 +165,7 @@ def check_rows_for(fh: BinaryIO, task: TaskSpec, max_line_bytes: int) -> None:
             raise FieldError("task.dataset.id", f"the {verifier} verifier cannot use this "
                              f"dataset: {exc}") from None
         return
-    from trainer.graders.models import parse_grader
+    from trainer.graders.schemas import parse_grader
 
     fields = sorted(parse_grader(task.grader).item_fields())
     for index, row in enumerate(iter_rows(lines, need_answer=False)):

@@ -7,7 +7,7 @@ in a child process (pebble, as for the scoring pool): the caller only waits on a
 polls its stop check meanwhile (a cancel kills the child at once), and a build that runs
 past `timeout_s` or allocates past `memory_mb` fails with a `TaskBuildError` that says so.
 
-The same runner serves the API's submission probe (`probe`): the dataset and a few examples
+The same function serves the API's submission check (`check_config`): the dataset and a few examples
 built from the config, and from its hardest variant (each `min_x` raised to its `max_x`), so
 that a config whose every example is slow is refused at submission with a 422, not after a
 queue wait.
@@ -33,7 +33,7 @@ BUILD_MEMORY_MB = int(os.environ.get("BRORL_TASK_BUILD_MEMORY_MB", "8192"))
 # little; a main run as a script path is imported again by every child (Python 3.11).
 PRELOAD = ["__main__", "reasoning_gym", "trainer.tasks.reasoning_gym_task",
            "trainer.tasks.dataset_task", "trainer.tasks.isolated"]
-PROBE_EXAMPLES = 4
+CHECK_EXAMPLES = 4
 
 
 class TaskBuildError(ValueError):
@@ -110,7 +110,7 @@ def hardest_variant(config: dict[str, Any]) -> dict[str, Any] | None:
     return hard if hard != config else None
 
 
-def _probe_examples(name: str, config: dict[str, Any], count: int) -> None:
+def _build_examples(name: str, config: dict[str, Any], count: int) -> None:
     import reasoning_gym
 
     for seed in (0, 1):
@@ -131,11 +131,11 @@ def count_rows_in_file(path: str, max_line_bytes: int) -> int | str:
         return str(exc)
 
 
-def probe(name: str, config: dict[str, Any], *, timeout_s: float, memory_mb: int) -> None:
+def check_config(name: str, config: dict[str, Any], *, timeout_s: float, memory_mb: int) -> None:
     """Raise `TaskBuildError` unless reasoning-gym task `name` builds a dataset and a few
     examples from `config` (and from its hardest variant) within the limits."""
     what = f"building reasoning-gym task {name} with this config"
-    run_isolated(_probe_examples, (name, config, PROBE_EXAMPLES), what=what,
+    run_isolated(_build_examples, (name, config, CHECK_EXAMPLES), what=what,
                  timeout_s=timeout_s, memory_mb=memory_mb)
     hard = hardest_variant(config)
     if hard is None:
@@ -146,6 +146,6 @@ def probe(name: str, config: dict[str, Any], *, timeout_s: float, memory_mb: int
         check_config(name, hard)
     except ValueError:
         return  # the variant breaks the task's own rules (e.g. a parity): nothing to learn
-    run_isolated(_probe_examples, (name, hard, PROBE_EXAMPLES),
+    run_isolated(_build_examples, (name, hard, CHECK_EXAMPLES),
                  what=f"{what} (every min_ raised to its max_)",
                  timeout_s=timeout_s, memory_mb=memory_mb)

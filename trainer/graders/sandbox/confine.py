@@ -1,8 +1,8 @@
 """How the sandbox's processes confine themselves: rlimits, the allow-list seccomp filter,
 Landlock (the fallback layer), no new privileges, death with the parent.
 
-Standard library plus `pyseccomp` only: the runner (runner.py) imports it from its own
-folder inside the sandbox. Every function takes the runner's LIMITS (the JSON config the
+Standard library plus `pyseccomp` only: the server (server.py) imports it from its own
+folder inside the sandbox. Every function takes the server's LIMITS (the JSON config the
 layer wrote: memory_bytes, file_bytes, nproc, landlock, private_tmp, ...).
 """
 import ctypes
@@ -92,7 +92,7 @@ def lock_down(limits):
 
     for name in ALLOWED:
         rule(allow, name)
-    # Signals to this process only (kill's 0 is the whole process group: the runner too).
+    # Signals to this process only (kill's 0 is the whole process group: the server too).
     rule(allow, "kill", sc.Arg(0, sc.EQ, pid))
     rule(allow, "tgkill", sc.Arg(0, sc.EQ, pid))
     for arg in (0, pid):  # 0 is the caller here
@@ -117,7 +117,7 @@ def lock_down(limits):
     f.load()
 
 
-# ---------------------------------------------------------------- the runner's own setup
+# ---------------------------------------------------------------- the server's own setup
 
 def landlock(read_paths):
     """The fallback layer's filesystem and network bounds (Linux Landlock, unprivileged).

@@ -7,21 +7,21 @@ grading, the service, the host. Every layer runs the sandbox
   BRORL_SANDBOX_UID_BASE's range, so RLIMIT_NPROC counts that sandbox alone and no two
   sandboxes share an identity), never as root and with no capability;
 - with no new privileges, an empty environment and rlimits;
-- with tenant code only in short-lived children of the runner, each locked down by an
-  allow-list seccomp filter (runner.py) whose process-directed calls (kill, prlimit, priority,
+- with tenant code only in short-lived children of the server, each locked down by an
+  allow-list seccomp filter (server.py) whose process-directed calls (kill, prlimit, priority,
   scheduling) reach the calling process alone.
 Layers, best first:
 - "bubblewrap": `bwrap` (found wherever the operator installed it) in fresh user, pid, network,
   IPC, UTS and cgroup namespaces: no network, a filesystem of read-only binds of the Python
   installation, a read-only /dev of null/zero/full/random/urandom, a size-capped private /tmp
   as the only writable place, a new session, death with its parent.
-- "landlock": for containers without user namespaces. Landlock confines the runner to reading
+- "landlock": for containers without user namespaces. Landlock confines the server to reading
   the Python installation (nothing writable, no TCP, no signals outside); there is no private
   /tmp and no pid namespace: the seccomp filter's self-only rules stand in for it.
 - "unsafe": no layer meets the bar and the operator set BRORL_UNSAFE_GRADERS=1: the same uid
   drop, rlimits and filter, but the files the sandbox uid can read are readable. Unsafe.
 - "none": anything that needs a sandbox is refused (SandboxUnavailable), and /readyz says why.
-A layer counts only after a real runner started on it graded a sample (`layer_status`).
+A layer counts only after a real server started on it graded a sample (`layer_status`).
 """
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ from pathlib import Path
 
 from trainer.graders.settings import grader_settings
 
-RUNNER = Path(__file__).with_name("runner.py")
-SANDBOX_DIR = "/sandbox"  # the runner and confine.py, read-only
-SANDBOX_RUNNER = f"{SANDBOX_DIR}/runner.py"
+SERVER = Path(__file__).with_name("server.py")
+SANDBOX_DIR = "/sandbox"  # the server and confine.py, read-only
+SANDBOX_SERVER = f"{SANDBOX_DIR}/server.py"
 UNSAFE_ENV = "BRORL_UNSAFE_GRADERS"
 UID_RANGE = 65536
 # Native libraries start no thread pools of their own (each thread counts against the
@@ -75,7 +75,7 @@ class Limits:
                    tmp_bytes=cfg.grader_tmp_mb * 1024**2,
                    output_bytes=cfg.grader_output_kb * 1024, timeout_s=cfg.grader_timeout_s)
 
-    def runner_config(self) -> dict:
+    def server_config(self) -> dict:
         return {"memory_bytes": self.memory_bytes, "output_bytes": self.output_bytes,
                 "file_bytes": self.file_bytes, "processes": self.processes}
 
@@ -155,9 +155,9 @@ def _python_paths() -> list[str]:
 
 
 def unreachable_for_others() -> list[str]:
-    """Folders on the way to the Python installation or the runner that a uid other than
+    """Folders on the way to the Python installation or the server that a uid other than
     their owner cannot pass (a sandbox uid cannot start from there): `chmod o+x` them."""
-    targets = _python_paths() + [str(RUNNER.parent)]
+    targets = _python_paths() + [str(SERVER.parent)]
     out = []
     for target in targets:
         path = Path(target)
@@ -197,7 +197,7 @@ def bwrap_command(limits: Limits, bwrap: str = "bwrap") -> list[str]:
     for name in DEVICES:
         cmd += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
     cmd += ["--symlink", "/proc/self/fd", "/dev/fd", "--remount-ro", "/dev",
-            "--ro-bind", str(RUNNER.parent), SANDBOX_DIR, "--chdir", "/tmp",
+            "--ro-bind", str(SERVER.parent), SANDBOX_DIR, "--chdir", "/tmp",
             # bwrap's root is a writable tmpfs (it holds the mount points): make it
             # read-only, so /tmp is the one writable place.
             "--remount-ro", "/"]
@@ -216,35 +216,35 @@ def landlock_abi() -> int:
 
 
 def landlock_reads() -> list[str]:
-    """What the landlock layer may read: libraries, the Python installation, the runner."""
-    reads = ["/usr", str(RUNNER.parent)] + _python_paths()
+    """What the landlock layer may read: libraries, the Python installation, the server."""
+    reads = ["/usr", str(SERVER.parent)] + _python_paths()
     for name in ("/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache"):
         if os.path.exists(name):
             reads.append(os.path.realpath(name))
     return sorted(set(reads))
 
 
-def runner_command(layer: str, mode: str, limits: Limits, uid: int | None = None) -> list[str]:
-    """argv that starts a runner in `mode` under `layer`, for a sandbox running as `uid`."""
+def server_command(layer: str, mode: str, limits: Limits, uid: int | None = None) -> list[str]:
+    """argv that starts a server in `mode` under `layer`, for a sandbox running as `uid`."""
     python = [sys.executable, "-I", "-B"]
-    config = {**limits.runner_config(), "nproc": process_limit(limits, uid)}
+    config = {**limits.server_config(), "nproc": process_limit(limits, uid)}
     if layer == "bubblewrap":
         bwrap = bwrap_binary()
         if bwrap is None:
             raise SandboxUnavailable(unavailable_message())
         config["private_tmp"] = True
-        return bwrap_command(limits, bwrap) + python + [SANDBOX_RUNNER, mode, json.dumps(config)]
-    # No bwrap between: the runner itself dies with this process (checked at its start).
+        return bwrap_command(limits, bwrap) + python + [SANDBOX_SERVER, mode, json.dumps(config)]
+    # No bwrap between: the server itself dies with this process (checked at its start).
     config["parent"] = os.getpid()
     if layer == "landlock":
         config["landlock"] = landlock_reads()
-        return python + [str(RUNNER), mode, json.dumps(config)]
+        return python + [str(SERVER), mode, json.dumps(config)]
     if layer == "unsafe":
-        return python + [str(RUNNER), mode, json.dumps(config)]
+        return python + [str(SERVER), mode, json.dumps(config)]
     raise SandboxUnavailable(unavailable_message())
 
 
-def runner_env(layer: str) -> dict[str, str]:
+def server_env(layer: str) -> dict[str, str]:
     # bwrap clears the environment itself (--clearenv, --setenv); the others get this one.
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", **THREAD_ENV}
 
@@ -258,10 +258,10 @@ class LayerStatus:
 
 
 def _starts(layer: str) -> str:
-    """'' when a real runner on `layer` grades a sample, else why not."""
-    from trainer.graders.sandbox.pool import probe_runner
+    """'' when a real server on `layer` grades a sample, else why not."""
+    from trainer.graders.sandbox.pool import self_test
 
-    return probe_runner(layer)
+    return self_test(layer)
 
 
 def _pyseccomp_loads() -> bool:
@@ -287,7 +287,7 @@ def _why_not(layer: str) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _probe() -> LayerStatus:
+def _detect() -> LayerStatus:
     reasons = []
     for layer in ("bubblewrap", "landlock"):
         why = _why_not(layer)
@@ -301,7 +301,7 @@ def _probe() -> LayerStatus:
 
 def layer_status() -> LayerStatus:
     """The layer this process uses and why no better one (probed once per process)."""
-    status = _probe()
+    status = _detect()
     if status.layer in ("unsafe", "none"):  # the override is read fresh
         layer = "unsafe" if grader_settings().unsafe_graders else "none"
         status = LayerStatus(layer, status.reason)
@@ -314,7 +314,7 @@ def sandbox_layer() -> str:
 
 
 def unavailable_message() -> str:
-    why = _probe().reason
+    why = _detect().reason
     return ("no grader sandbox is available here: python and code graders need bubblewrap "
             "with unprivileged user namespaces (in Docker: security_opt seccomp=unconfined "
             "and apparmor=unconfined on the worker), or a kernel with Landlock and libseccomp, "

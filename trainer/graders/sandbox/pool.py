@@ -1,16 +1,16 @@
-"""Pooled sandboxes of one owner: a batch of samples is spread over a few runners.
+"""Pooled sandboxes of one owner: a batch of samples is spread over a few servers.
 
 A pool belongs to one owner (a job in the worker, one call in the API: `GraderRuntime`), so
-no runner ever serves two tenants. Starting a sandbox costs tens of milliseconds, so a pool
-keeps at most `size` runners of one mode alive while its owner lives and sends them chunks
-of work. Each request carries a fresh id; a runner answers each item with one frame tagged
-with that id and the item's index (anything else is a fault). When a runner dies or stops
-answering the item in flight is known: it gets the fault as its result, the runner is
-killed and replaced, and the rest of the chunk goes to a fresh runner. Every item's wait is
+no server ever serves two tenants. Starting a sandbox costs tens of milliseconds, so a pool
+keeps at most `size` servers of one mode alive while its owner lives and sends them chunks
+of work. Each request carries a fresh id; a server answers each item with one frame tagged
+with that id and the item's index (anything else is a fault). When a server dies or stops
+answering the item in flight is known: it gets the fault as its result, the server is
+killed and replaced, and the rest of the chunk goes to a fresh server. Every item's wait is
 bounded, so a batch always ends, and `map` polls its caller's stop check while it waits: a
-cancel kills the runners within a fraction of a second.
-Kill = SIGKILL to the runner's process group; bwrap's --die-with-parent and its pid namespace
-take every process inside down with it, and every sandbox process carries the runner's
+cancel kills the servers within a fraction of a second.
+Kill = SIGKILL to the server's process group; bwrap's --die-with-parent and its pid namespace
+take every process inside down with it, and every sandbox process carries the server's
 token in its command line, so nothing a sample started survives.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import uuid
 from typing import Any, Callable, Sequence
 
 from trainer.graders.sandbox.layer import (
-    Limits, release_uid, require_layer, runner_command, runner_env, take_uid)
+    Limits, release_uid, require_layer, server_command, server_env, take_uid)
 
 START_TIMEOUT_S = 30.0
 MAX_FRAME = 64 * 1024 * 1024
@@ -51,15 +51,15 @@ def processes_with(token: str) -> list[int]:
 
 
 class SandboxFault(Exception):
-    """The runner died or stopped answering while an item was in flight."""
+    """The server died or stopped answering while an item was in flight."""
 
 
 class Cancelled(Exception):
     """The batch was stopped from outside (its caller's stop check)."""
 
 
-class Runner:
-    """One sandboxed runner process, running as a uid of its own, and its framed pipes."""
+class Server:
+    """One sandboxed server process, running as a uid of its own, and its framed pipes."""
 
     def __init__(self, layer: str, mode: str, limits: Limits, tag: str):
         self.token = f"{tag}-{uuid.uuid4().hex}"
@@ -69,9 +69,9 @@ class Runner:
                                            "extra_groups": []}
         try:
             self.proc = subprocess.Popen(
-                runner_command(layer, mode, limits, self.uid) + [self.token],
+                server_command(layer, mode, limits, self.uid) + [self.token],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=runner_env(layer), start_new_session=True, close_fds=True, **ids)
+                env=server_env(layer), start_new_session=True, close_fds=True, **ids)
         except BaseException:
             release_uid(self.uid)
             raise
@@ -88,7 +88,7 @@ class Runner:
             raise SandboxFault(f"sandbox did not start: {hello.get('error')}")
 
     def _failed_start(self) -> str:
-        """Kill, and what the runner or bwrap printed before its pipes were set up (a
+        """Kill, and what the server or bwrap printed before its pipes were set up (a
         missing library, a path its uid cannot reach)."""
         self.kill(close_stderr=False)
         try:
@@ -136,7 +136,7 @@ class Runner:
 
         --die-with-parent alone takes the pid namespace down too, but asynchronously; the
         caller is promised that nothing of the sandbox runs once this returns. Every process
-        of the sandbox carries the runner's unique token in its command line (forked
+        of the sandbox carries the server's unique token in its command line (forked
         children inherit it), which finds them whatever their parentage. Safe to call from
         several threads and more than once.
         """
@@ -149,8 +149,8 @@ class Runner:
                 pass
 
     def kill_processes(self) -> None:
-        """Only the processes: a thread reading this runner's pipe sees its end, and the
-        pipe stays open until that thread discards the runner (no descriptor is reused
+        """Only the processes: a thread reading this server's pipe sees its end, and the
+        pipe stays open until that thread discards the server (no descriptor is reused
         under a reader)."""
         with self._kill_lock:
             if not self._dead:
@@ -181,7 +181,7 @@ class Runner:
 
 
 class SandboxPool:
-    """At most `size` runners of one mode ("python" or "code") for one owner; `map`."""
+    """At most `size` servers of one mode ("python" or "code") for one owner; `map`."""
 
     def __init__(self, mode: str, size: int = 2, limits: Limits | None = None,
                  tag: str = "brorl-grader", max_served: int = 20000):
@@ -189,39 +189,39 @@ class SandboxPool:
         self.mode, self.size = mode, max(1, size)
         self.limits = limits or Limits.from_env()
         self.tag, self.max_served = tag, max_served
-        self._idle: queue.Queue[Runner] = queue.Queue()
-        self._all: list[Runner] = []
+        self._idle: queue.Queue[Server] = queue.Queue()
+        self._all: list[Server] = []
         self._lock = threading.Lock()
         self._closed = False
         self._cancel = threading.Event()
         # bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that
-        # started it ends: runners are started from this one long-lived thread, not from
+        # started it ends: servers are started from this one long-lived thread, not from
         # a batch's short-lived workers (whose exit would SIGKILL them after every batch).
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, "sandbox-spawner")
 
-    def _start(self) -> Runner:
-        runner = self._spawner.submit(Runner, self.layer, self.mode, self.limits,
+    def _start(self) -> Server:
+        server = self._spawner.submit(Server, self.layer, self.mode, self.limits,
                                       self.tag).result()
         with self._lock:
-            self._all.append(runner)
-        return runner
+            self._all.append(server)
+        return server
 
-    def _discard(self, runner: Runner) -> None:
-        runner.kill()
+    def _discard(self, server: Server) -> None:
+        server.kill()
         with self._lock:
-            if runner in self._all:
-                self._all.remove(runner)
+            if server in self._all:
+                self._all.remove(server)
 
-    def _acquire(self) -> Runner:
+    def _acquire(self) -> Server:
         if self._cancel.is_set():
             raise Cancelled
         try:
-            runner = self._idle.get_nowait()
+            server = self._idle.get_nowait()
         except queue.Empty:
             return self._start()
-        if runner.alive() and runner.served < self.max_served:
-            return runner
-        self._discard(runner)
+        if server.alive() and server.served < self.max_served:
+            return server
+        self._discard(server)
         return self._start()
 
     def _run_chunk(self, chunk: list[tuple[int, Any]], make_request: Callable[[list], dict],
@@ -231,49 +231,49 @@ class SandboxPool:
         spare_retry = True
         while todo:
             try:
-                runner = self._acquire()
+                server = self._acquire()
             except Cancelled:
                 return
             except (SandboxFault, OSError) as exc:
                 for index, _ in todo:
                     results[index] = {"fault": f"sandbox could not start: {exc}"}
                 return
-            if self._cancel.is_set():  # stopped while this runner was starting
-                self._discard(runner)
+            if self._cancel.is_set():  # stopped while this server was starting
+                self._discard(server)
                 return
-            reused, answered = runner.served > 0, False
+            reused, answered = server.served > 0, False
             rid = uuid.uuid4().hex
             try:
-                runner.send({**make_request([payload for _, payload in todo]), "id": rid})
+                server.send({**make_request([payload for _, payload in todo]), "id": rid})
                 for n in range(len(todo)):
-                    reply = runner.recv(item_timeout_s)
+                    reply = server.recv(item_timeout_s)
                     if reply.pop("id", None) != rid or reply.pop("i", None) != n:
                         raise SandboxFault("reply does not match its request")
                     results[todo[0][0]] = reply
                     answered = True
                     todo.pop(0)
-                    runner.served += 1
+                    server.served += 1
             except SandboxFault as exc:
-                self._discard(runner)
+                self._discard(server)
                 if self._cancel.is_set():
                     return
                 if reused and not answered and spare_retry:
-                    # A reused runner that died while idle is not this item's fault: one
-                    # retry on a fresh runner before the item is charged.
+                    # A reused server that died while idle is not this item's fault: one
+                    # retry on a fresh server before the item is charged.
                     spare_retry = False
                     continue
                 index, _ = todo.pop(0)
                 results[index] = {"fault": str(exc)}
                 continue
-            self._idle.put(runner)
+            self._idle.put(server)
 
     def map(self, payloads: Sequence[Any], make_request: Callable[[list], dict],
             item_timeout_s: float, chunk: int = 32,
             stop_check: Callable[[], None] | None = None) -> list[dict]:
-        """One reply per payload, in order: the runner's frame or {"fault": why}.
+        """One reply per payload, in order: the server's frame or {"fault": why}.
 
         `stop_check` is called every POLL_S while the batch runs; whatever it raises (the
-        trainer's StopRequested) kills this pool's runners and is raised from here."""
+        trainer's StopRequested) kills this pool's servers and is raised from here."""
         if self._closed:
             raise RuntimeError("sandbox pool is closed")
         results: list = [None] * len(payloads)
@@ -308,30 +308,30 @@ class SandboxPool:
         return results
 
     def _stop_all(self, threads: list[threading.Thread]) -> None:
-        """Kill every runner (their waits end at once) and let the batch's threads go. A
-        thread may be starting a runner right now: kill again until every thread is out."""
+        """Kill every server (their waits end at once) and let the batch's threads go. A
+        thread may be starting a server right now: kill again until every thread is out."""
         self._cancel.set()
         while any(t.is_alive() for t in threads):
             with self._lock:
-                runners = list(self._all)
-            for runner in runners:
-                runner.kill_processes()
+                servers = list(self._all)
+            for server in servers:
+                server.kill_processes()
             for t in threads:
                 t.join(POLL_S / 4)
         while not self._idle.empty():
             self._discard(self._idle.get_nowait())
         with self._lock:
             killed = list(self._all)
-        for runner in killed:
-            self._discard(runner)
+        for server in killed:
+            self._discard(server)
         self._cancel.clear()
 
     def close(self) -> None:
         self._closed = True
         with self._lock:
-            runners, self._all = list(self._all), []
-        for runner in runners:
-            runner.kill()
+            servers, self._all = list(self._all), []
+        for server in servers:
+            server.kill()
         self._spawner.shutdown(wait=True)
 
     def __enter__(self) -> "SandboxPool":
@@ -344,22 +344,22 @@ class SandboxPool:
 PROBE_SOURCE = "import decimal, json\ndef grade(sample, item):\n    return 1.0\n"
 
 
-def probe_runner(layer: str) -> str:
-    """'' when a runner on `layer` starts and grades one sample (importing an extension
+def self_test(layer: str) -> str:
+    """'' when a server on `layer` starts and grades one sample (importing an extension
     module of the standard library after its uid drop), else why not."""
     limits = Limits(timeout_s=20.0)
     try:
-        runner = Runner(layer, "python", limits, "brorl-layer-probe")
+        server = Server(layer, "python", limits, "brorl-layer-self-test")
     except (SandboxFault, OSError) as exc:
         return str(exc)
     try:
-        runner.send({"id": "probe", "source": PROBE_SOURCE, "items": [[{}, {}]],
+        server.send({"id": "probe", "source": PROBE_SOURCE, "items": [[{}, {}]],
                      "timeout_s": limits.timeout_s})
-        reply = runner.recv(limits.timeout_s + 10)
+        reply = server.recv(limits.timeout_s + 10)
     except SandboxFault as exc:
         return f"sandbox failed: {exc}"
     finally:
-        runner.kill()
+        server.kill()
     if reply.get("reward") != 1.0:
         return f"sandbox failed: {reply.get('fault') or reply.get('details')}"
     return ""

@@ -2,18 +2,18 @@
 tenant code itself.
 
 Standard library, `pyseccomp` and confine.py beside it only, and run as a plain script
-(`python -I runner.py MODE CONFIG`): the sandbox shows it none of the project's other code. Frames on its stdin/stdout are
-a 4-byte length and JSON. At start the runner
-- asks to die with its parent (no runner outlives the service) and moves its protocol pipes to
+(`python -I server.py MODE CONFIG`): the sandbox shows it none of the project's other code. Frames on its stdin/stdout are
+a 4-byte length and JSON. At start the server
+- asks to die with its parent (no server outlives the service) and moves its protocol pipes to
   private descriptors; fds 0/1/2 become /dev/null and a private, unlinked output file whose
   size RLIMIT_FSIZE caps;
 - restricts itself with Landlock in the fallback layer, sets no-new-privileges,
   its rlimits (address space, files, file size, processes, no core, no real-time or raised
   priority) and marks itself non-dumpable (no /proc/<pid>/mem, fd or ptrace access to it).
-Tenant code runs only in children the runner forks (`_child`): each closes every descriptor
+Tenant code runs only in children the server forks (`_child`): each closes every descriptor
 but its result pipe, sets fresh rlimits (so nothing an earlier program did to its limits
 carries over), and installs the allow-list seccomp filter before any tenant
-code runs. A child's results come back through its own pipe; the runner checks each one and
+code runs. A child's results come back through its own pipe; the server checks each one and
 frames it, tagged with the request's id and the item's index, so a child can never write a
 frame the caller reads. Mode "python": one child grades a request's samples in turn
 (`grade(sample, item)`, compiled once per child), each under a timer; a child that crashes,
@@ -39,8 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import confine  # noqa: E402
 
 LIMITS = {}
-RUNNER_PID = 0
-GRACE_S = 2.0  # past a sample's own timer, before the runner kills its child
+SERVER_PID = 0
+GRACE_S = 2.0  # past a sample's own timer, before the server kills its child
 
 
 class Timeout(BaseException):
@@ -86,14 +86,14 @@ def send(fd, obj):
         data = data[os.write(fd, data):]
 
 
-# ---------------------------------------------------------------- the runner's own setup
+# ---------------------------------------------------------------- the server's own setup
 
 def _private_fds():
     """Protocol fds moved aside; 0 -> /dev/null, 1 and 2 -> the capped output file."""
     fd_in, fd_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    # A private, already-unlinked file: runners sharing a /tmp (the unsafe layer) never
+    # A private, already-unlinked file: servers sharing a /tmp (the unsafe layer) never
     # see each other's output.
     out, path = tempfile.mkstemp(prefix="grader-output-", dir="/tmp")
     os.unlink(path)
@@ -170,11 +170,11 @@ def _error(exc):
 
 def _child(write_fd, work):
     """In a forked child: lose every descriptor but fds 0-2 and the result pipe, die with
-    the runner, fresh limits, the filter; then `work(write_fd)` and exit."""
+    the server, fresh limits, the filter; then `work(write_fd)` and exit."""
     try:
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, 1024)
-        confine.die_with(RUNNER_PID)
+        confine.die_with(SERVER_PID)
         confine.rlimits(LIMITS)
         confine.lock_down(LIMITS)
         work(write_fd)
@@ -249,7 +249,7 @@ def _one_python(source, sample, item, timeout_s):
 def _count_threads():
     """A flag list that fills when tenant code starts a thread. `_thread._count()` alone
     misses a thread that has not begun to run yet; `threading` takes the wrapped function
-    when the grader imports it (the runner never imports threading)."""
+    when the grader imports it (the server never imports threading)."""
     import _thread
 
     started, start = [], _thread.start_new_thread
@@ -264,7 +264,7 @@ def _count_threads():
 
 def _python_child(request, start):
     """The child's work: grade samples start.. in turn, one frame each; stop after a sample
-    that started threads or ran out of memory (the runner forks a fresh child for the rest:
+    that started threads or ran out of memory (the server forks a fresh child for the rest:
     a stray thread must not touch the samples after its own)."""
 
     def work(write_fd):
@@ -428,9 +428,9 @@ def serve_code(request, reply):
 
 
 def main():
-    global LIMITS, RUNNER_PID
+    global LIMITS, SERVER_PID
     mode, LIMITS = sys.argv[1], json.loads(sys.argv[2])
-    RUNNER_PID = os.getpid()
+    SERVER_PID = os.getpid()
     confine.die_with(LIMITS.get("parent"))
     signal.signal(signal.SIGALRM, _on_alarm)
     import pyseccomp  # noqa: F401 - now, once: finding libseccomp runs ldconfig (a fork)
