@@ -54,9 +54,9 @@ def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | N
     from trainer.tasks import build_task
     from trainer.graders.scorer import make_scorer
 
-    from trainer.checkpoints.format import MERGED_DIR, is_lora
+    from trainer.checkpoints.format import MERGED_DIR, holds_an_adapter
 
-    if model_dir is not None and is_lora(model_dir):  # a LoRA checkpoint: its merged/ folder, no peft
+    if model_dir is not None and holds_an_adapter(model_dir):  # a LoRA checkpoint: its merged/ folder, no peft
         model_dir = Path(model_dir) / MERGED_DIR
     task = build_task(spec.task, spec.seed, dataset_path)
     examples = task.eval[:prompts] if prompts is not None else task.eval

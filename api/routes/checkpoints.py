@@ -34,7 +34,7 @@ MAX_STEP = 2**31 - 1  # the step column is a 32-bit integer: larger ids are a 42
 StepParam = Annotated[int, PathParam(ge=0, le=MAX_STEP)]
 
 
-def _is_lora(job) -> bool:
+def _trains_an_adapter(job) -> bool:
     return bool(((job.spec or {}).get("model") or {}).get("lora"))
 
 
@@ -54,7 +54,7 @@ def list_checkpoints(
                                        description="The last step of the previous page.")] = None,
 ) -> ListPublic[CheckpointPublic]:
     """Checkpoints by ascending step (older ones are deleted by rotation: keep_last)."""
-    lora = _is_lora(job_or_404(session, tenant.id, job_id))
+    lora = _trains_an_adapter(job_or_404(session, tenant.id, job_id))
     rows = jobs.list_checkpoints(session, tenant.id, job_id, after=after, limit=limit + 1)
     return ListPublic[CheckpointPublic](data=[_public(request, c, lora) for c in rows[:limit]],
                                         has_more=len(rows) > limit)
@@ -86,7 +86,7 @@ def download_checkpoint(
                     "HF folder; adapter is a 422.")] = None,
 ) -> Response:
     """The checkpoint folder as a `.tar.gz`; extract it into an empty folder."""
-    lora = _is_lora(job_or_404(session, tenant.id, job_id))
+    lora = _trains_an_adapter(job_or_404(session, tenant.id, job_id))
     if variant == "adapter" and not lora:
         raise ApiError(422, f"job {job_id} trains the full model (model.lora is null): it has no "
                             f"adapter; download its HF folder without variant", field="variant")

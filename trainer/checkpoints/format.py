@@ -72,7 +72,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def is_lora(folder: Path) -> bool:
+def holds_an_adapter(folder: Path) -> bool:
     """Whether a checkpoint folder holds a LoRA adapter (and a merged/ folder)."""
     return (Path(folder) / ADAPTER_CONFIG).is_file()
 

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file, save_model
 
 from trainer.checkpoints import format as ckpt_format
 from trainer.distributed import collectives as distributed
-from trainer.models.lora import MERGED_DIR, is_lora, write_merged
+from trainer.models.lora import MERGED_DIR, has_an_adapter, write_merged
 from trainer.checkpoints.format import CheckpointError, list_checkpoints, verify  # noqa: F401 - re-exported
 
 PREFIX = ckpt_format.PREFIX
@@ -90,7 +90,7 @@ def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, 
             return 0, ""
         policy.save_pretrained(tmp, safe_serialization=True)  # LoRA: PEFT's adapter files
         tokenizer.save_pretrained(tmp)
-        if is_lora(policy):
+        if has_an_adapter(policy):
             merged_bytes = write_merged(policy, tokenizer, tmp / MERGED_DIR)
     ts = tmp / "trainer_state"
     ts.mkdir(exist_ok=True)

@@ -36,7 +36,8 @@ class LoraTargetError(ValueError):
     """`model.lora.target_modules` names modules the model does not have."""
 
 
-def is_lora(model) -> bool:
+def has_an_adapter(model) -> bool:
+    """Whether `model` is a PeftModel (carries a LoRA adapter)."""
     return hasattr(model, "peft_config")
 
 
