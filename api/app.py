@@ -6,7 +6,7 @@ settings they want. Creating the app connects to nothing either: the engine conn
 first request.
 
 Layout: `/v1/...` resource routers (jobs, events & metrics, checkpoints, datasets), the
-unauthenticated probes `/healthz`, `/readyz`, `/metrics` at the root, `/docs` (OpenAPI, its
+unauthenticated health checks `/healthz`, `/readyz`, `/metrics` at the root, `/docs` (OpenAPI, its
 assets served from the package: it works offline), and the browser dashboard (`api.web`) at `/`.
 Every error leaves in the shape of `api.errors`.
 """

@@ -86,12 +86,12 @@ class Settings(BaseSettings):
     # Per API key, per API process: requests in flight (streams not counted) and open streams.
     max_concurrent_per_key: int = 8
     max_streams_per_key: int = 5
-    # Requests in flight without an API key (probes, /docs, the dashboard's files), per address.
+    # Requests in flight without an API key (health checks, /docs, the dashboard's files), per address.
     max_concurrent_per_address: int = 32
     # Token bucket per API key, per API process; 0 turns rate limiting off.
     rate_limit_per_s: float = 20
     rate_limit_burst: int = 40
-    # Per client address, per API process, for requests without a key (the probes, /docs, the
+    # Per client address, per API process, for requests without a key (the health checks, /docs, the
     # dashboard's files) and for failed authentications (each 401 takes a token; an address
     # out of them gets 429s until they refill). 0 turns either off.
     anon_rate_limit_per_s: float = 20

@@ -1,6 +1,6 @@
-"""Probes and scrape endpoints, all without auth: `/healthz`, `/readyz`, `/metrics`.
+"""Health checks and scrape endpoints, all without auth: `/healthz`, `/readyz`, `/metrics`.
 
-`/healthz` only says the process serves HTTP (a liveness probe must not fail because the
+`/healthz` only says the process serves HTTP (a liveness check must not fail because the
 database is down, or the orchestrator would restart healthy API pods in a loop). `/readyz`
 checks what a request needs: the database answers `SELECT 1` and the broker accepts a
 connection; it answers 503 naming what is down, so a load balancer stops routing to us. It
