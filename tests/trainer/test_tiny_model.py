@@ -151,6 +151,30 @@ def test_warm_start_reaches_the_stop_check():
     assert len(polls) == 3  # stopped at the third SFT step, not after 50
 
 
+def test_warm_start_reports_progress_at_each_evaluation_and_at_the_end():
+    model, _ = tiny_model.build_untrained(0)
+    calls: list[tuple[int, int, str]] = []
+    report = warm(model, scripted([0.0, 0.1, 0.3]), aim=0.25, max_steps=50,
+                  on_progress=lambda done, total, msg: calls.append((done, total, msg)))
+    assert report["steps"] == 3
+    assert calls[0][:2] == (0, 50) and calls[-1][:2] == (50, 50)  # stopped early: still complete
+    evaluated = [c for c in calls if "pass@1" in c[2] and "done" not in c[2]]
+    assert [c[0] for c in evaluated] == [1, 2, 3] and "0.30" in evaluated[-1][2]
+    assert all(total == 50 for _, total, _ in calls)
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls)
+
+
+def test_progress_between_evaluations_is_throttled(monkeypatch):
+    # Between evaluations the SFT steps report only every PROGRESS_EVERY_S: here never.
+    monkeypatch.setattr(tiny_model, "PROGRESS_EVERY_S", 3600.0)
+    model, _ = tiny_model.build_untrained(0)
+    calls: list[int] = []
+    tiny_model.warm_start(model, seed=0, sft_pairs=PAIRS, score_fn=scripted([0.0]),
+                          probe_prompts=[p for p, _ in PAIRS[:10]], eval_every=4, batch_size=4,
+                          max_steps=4, on_progress=lambda done, total, msg: calls.append(done))
+    assert calls == [0, 4, 4]  # start, the one evaluation, the end
+
+
 # --------------------------------------------------------------------------- no eval leak
 
 

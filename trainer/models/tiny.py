@@ -48,6 +48,10 @@ SIZES = {
 }
 
 ScoreFn = Callable[[list[str], list[str]], list[bool]]
+# on_progress(done, total, message): the build's progress, for job events and the CLI's line.
+ProgressFn = Callable[[int, int, str], None]
+# The build reports at least this often (seconds) between hold-out evaluations.
+PROGRESS_EVERY_S = 2.0
 
 
 def _byte_symbol(ch: str) -> str:
@@ -208,11 +212,15 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
                probe_prompts: list[str], target=(0.05, 0.60), aim: float = 0.45,
                max_steps: int = 1200, max_sft_seconds: float | None = None, eval_every: int = 25,
                batch_size: int = 64, lr: float = 2e-3,
-               stop_check: Callable[[], None] | None = None) -> dict:
+               stop_check: Callable[[], None] | None = None,
+               on_progress: ProgressFn | None = None) -> dict:
     """Supervised pass until sampled pass@1 >= `aim` (inside `target`), or a cap is hit.
 
     Returns a small report {steps, pass_rate, seconds, history}. If the final pass rate is
     outside `target`, the last evaluated weights that were inside the band are restored.
+    `on_progress(step, max_steps, message)` hears of the pass every `PROGRESS_EVERY_S` seconds
+    at most and after each evaluation; its last call says (max_steps, max_steps), as the pass
+    may stop early.
     """
     rng = random.Random(seed)
     # Uniform draws over all training pairs: the model must come out broadly, not narrowly,
@@ -230,6 +238,8 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
     max_new = max(len(encode(c)) for _, c in sft_pairs) + 4
     t0, step, history, in_band = time.monotonic(), 0, [], None
     rate = 0.0
+    report = _throttled(on_progress, max_steps)
+    report(0, f"warm start: SFT on {len(pairs)} examples, up to {max_steps} steps", force=True)
     while step < max_steps and (max_sft_seconds is None or time.monotonic() - t0 < max_sft_seconds):
         if stop_check is not None:
             stop_check()  # minutes of CPU: a cancel must not wait for the end of it
@@ -245,6 +255,7 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
         opt.step()
         step += 1
         if step % eval_every:
+            report(step, f"warm start: step {step}, loss {loss.item():.3f}")
             continue
         rate = sampled_pass_rate(model, probe_prompts, score_fn, seed=seed + step,
                                  max_new_tokens=max_new)
@@ -252,6 +263,8 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
         log.info("tiny warm start: step %d loss %.3f pass@1 %.3f", step, loss.item(), rate)
         if target[0] <= rate <= target[1]:
             in_band = (rate, {k: v.detach().clone() for k, v in model.state_dict().items()})
+        report(step, f"warm start: step {step}, loss {loss.item():.3f}, "
+                     f"sampled pass@1 {rate:.2f} (aim {aim:.2f})", force=True)
         if rate >= aim:
             break
     if not target[0] <= rate <= target[1] and in_band is not None:
@@ -262,7 +275,21 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
     if not target[0] <= rate <= target[1]:
         log.warning("tiny warm start ended outside the target band: pass@1 %.3f after %d steps",
                     rate, step)
+    report(max_steps, f"warm start done: {step} steps, sampled pass@1 {rate:.2f}", force=True)
     return {"steps": step, "pass_rate": rate, "seconds": time.monotonic() - t0, "history": history}
+
+
+def _throttled(on_progress: ProgressFn | None, total: int):
+    """report(done, message, force=False): calls `on_progress` when forced or when
+    `PROGRESS_EVERY_S` has passed since its last call; nothing without a callback."""
+    last = [float("-inf")]
+
+    def report(done: int, message: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if on_progress is not None and (force or now - last[0] >= PROGRESS_EVERY_S):
+            last[0] = now
+            on_progress(min(done, total), total, message)
+    return report
 
 
 # --------------------------------------------------------------------------- build + cache
@@ -272,10 +299,12 @@ def build_tiny_model(out_dir: Path, *, seed: int, sft_pairs: list[tuple[str, str
                      score_fn: ScoreFn, probe_prompts: list[str], target=(0.05, 0.60),
                      aim: float = 0.45, max_sft_steps: int = 1200,
                      max_sft_seconds: float | None = None, size: str = "tiny",
-                     stop_check: Callable[[], None] | None = None) -> Path:
+                     stop_check: Callable[[], None] | None = None,
+                     on_progress: ProgressFn | None = None) -> Path:
     """Build, warm-start and save the builtin model into `out_dir`; returns `out_dir`.
 
     With no `sft_pairs` the randomly initialised model is saved (benchmarks need no skill).
+    `on_progress(done, total, message)`: see `warm_start` (no call without `sft_pairs`).
     """
     torch.manual_seed(seed)
     longest = max((len(p) + len(c) for p, c in sft_pairs), default=0)
@@ -287,7 +316,7 @@ def build_tiny_model(out_dir: Path, *, seed: int, sft_pairs: list[tuple[str, str
         report = warm_start(model, seed=seed, sft_pairs=sft_pairs, score_fn=score_fn,
                             probe_prompts=probe_prompts, target=target, aim=aim,
                             max_sft_seconds=max_sft_seconds, max_steps=max_sft_steps,
-                            stop_check=stop_check)
+                            stop_check=stop_check, on_progress=on_progress)
     save_folder(model, tokenizer, out_dir)
     if report is not None:
         import json
