@@ -98,7 +98,7 @@ def _rank(r: int, ws: int, port: int, args: dict) -> None:
             reductions[0] = 0
             distributed.barrier()
             t = time.perf_counter()
-            train_on_batch(run, batch, step=0)
+            train_on_batch(run, batch, index=0)
             distributed.barrier()
             if rep:
                 out[name]["update_s"].append(time.perf_counter() - t)

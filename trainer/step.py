@@ -66,14 +66,14 @@ class Collected:
         self.rewards.append(rollouts.rewards)
 
 
-def _generate_round(run: Run, plan: StagePlan, step: int, round_index: int, k: int) -> tuple[Rollouts, SampleCounts]:
+def _generate_round(run: Run, plan: StagePlan, index: int, round_index: int, k: int) -> tuple[Rollouts, SampleCounts]:
     spec = run.spec
     # Every rank draws the same k prompts (the stream stays in step) and keeps its share:
     # whole prompts, so a group is never split across ranks.
     idx = distributed.share(run.stream.take(k))
     if not idx:
         return _empty_round()
-    seed = mix_seed(spec.seed, step, round_index, distributed.rank()) if distributed.active() else mix_seed(spec.seed, step, round_index)
+    seed = mix_seed(spec.seed, index, round_index, distributed.rank()) if distributed.active() else mix_seed(spec.seed, index, round_index)
     sampling = SamplingConfig(n=plan.n, max_new_tokens=spec.rollout.max_new_tokens,
                               temperature=spec.rollout.temperature, top_p=spec.rollout.top_p, seed=seed)
     episodes = generate_and_score(run.engine, run.tokenizer, run.scorer, [run.train_ids[i] for i in idx],
@@ -106,7 +106,7 @@ def prompts_to_ask(deficit: int, keep_rate: float, max_oversample: float) -> int
     return max(deficit, math.ceil(deficit * factor))
 
 
-def collect(run: Run, plan: StagePlan, step: int) -> Collected:
+def collect(run: Run, plan: StagePlan, index: int) -> Collected:
     """Generate and score; with dynamic sampling, oversample and refill for a few rounds.
 
     Kept groups beyond `prompts_per_step` are dropped (the batch shape stays the spec's);
@@ -120,7 +120,7 @@ def collect(run: Run, plan: StagePlan, step: int) -> Collected:
         deficit = plan.prompts_per_step - have
         ask = prompts_to_ask(deficit, run.keep_rate_running, algo.max_oversample) \
             if algo.dynamic_sampling else deficit
-        rollouts, counts = _generate_round(run, plan, step, round_index, ask)
+        rollouts, counts = _generate_round(run, plan, index, round_index, ask)
         collected.add_round(rollouts, counts)
         if round_index == 0:
             collected.first_round = rollouts
@@ -170,7 +170,7 @@ def one_process_positions(kept_sizes: list[int]) -> torch.Tensor | None:
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
-def train_on_batch(run: Run, batch: Rollouts, step: int, positions: torch.Tensor | None = None) -> dict[str, float]:
+def train_on_batch(run: Run, batch: Rollouts, index: int, positions: torch.Tensor | None = None) -> dict[str, float]:
     """Advantages, then `mini_batches` PPO updates over the batch (micro-batched backward).
 
     The batch is split into exactly min(mini_batches, len(batch)) mini-batches whose sizes
@@ -185,7 +185,7 @@ def train_on_batch(run: Run, batch: Rollouts, step: int, positions: torch.Tensor
     budget, dtype = run.micro_batch_tokens, run.compute_dtype
     cfg = run.update_cfg
     shared = cfg.shared_prefix
-    gen = torch.Generator().manual_seed(mix_seed(spec.seed, step, 7919))
+    gen = torch.Generator().manual_seed(mix_seed(spec.seed, index, 7919))
     chunks = local_mini_batches(len(batch), algo.mini_batches, gen, positions)
     # One mini-batch: old log-probs = the current ones, taken inside the update (no extra pass).
     old = None if len(chunks) == 1 else sequence_logprobs(
@@ -204,7 +204,7 @@ def train_on_batch(run: Run, batch: Rollouts, step: int, positions: torch.Tensor
         if run.nonfinite_in_row >= spec.optim.max_nonfinite_steps:
             raise NonFiniteError(
                 f"{run.nonfinite_in_row} updates in a row had a non-finite loss or gradient "
-                f"(step {step + 1}); stopping before NaN weights are written. Lower optim.lr, "
+                f"(step {index + 1}); stopping before NaN weights are written. Lower optim.lr, "
                 f"set optim.grad_clip, or use model.dtype: float32 to find the cause.")
         stats.append(s)
     out = {k: sum(s[k] for s in stats) / len(stats) for k in stats[0] if k != "skipped"}
@@ -278,16 +278,18 @@ UPDATE_KEYS = ("loss", "pg_clipfrac_low", "pg_clipfrac_high", "kl", "entropy", "
                "is_truncated_frac", "grad_norm", "skipped_updates", "mini_batch_updates")
 
 
-def run_step(run: Run, plan: StagePlan, step: int,
+def run_step(run: Run, plan: StagePlan, index: int,
              on_samples: Callable[[list[dict]], None] | None = None) -> dict[str, float | int | None]:
-    """Run 0-based global `step`; return its metrics (docs/metrics.md names)."""
+    """Run the step of 0-based `index` (steps done before it: what the schedule, the learning
+    rate and the seeds count; the job's metrics number it index + 1); return its metrics
+    (docs/metrics.md names)."""
     t0 = time.perf_counter()
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
-    lr = lr_at(run.plans, step, run.spec.optim.warmup_steps)
+    lr = lr_at(run.plans, index, run.spec.optim.warmup_steps)
     for g in run.optimizer.param_groups:
         g["lr"] = lr
-    collected = collect(run, plan, step)
+    collected = collect(run, plan, index)
     run.stop_check()  # generation and scoring may have taken minutes
 
     t = time.perf_counter()
@@ -300,7 +302,7 @@ def run_step(run: Run, plan: StagePlan, step: int,
     updated = kept > 0
     if updated:  # else every prompt was filtered out: nothing to learn from this step
         run.policy.train()
-        upd = train_on_batch(run, collected.batch, step, collected.positions)
+        upd = train_on_batch(run, collected.batch, index, collected.positions)
         run.policy.eval()
     train_s = time.perf_counter() - t
     sync_s = run.engine.sync_weights(run.policy) if updated else 0.0

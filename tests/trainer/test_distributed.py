@@ -70,7 +70,7 @@ def _update(run, batch) -> dict:
 
     if run.optimizer is None:
         run.optimizer = torch.optim.AdamW(run.policy.parameters(), lr=1e-3, weight_decay=0.01)
-    return train_on_batch(run, batch, step=3)
+    return train_on_batch(run, batch, index=3)
 
 
 def _local_batch(r: int, ws: int) -> Rollouts:

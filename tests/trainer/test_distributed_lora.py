@@ -52,7 +52,7 @@ def _run(policy, ref) -> SimpleNamespace:
 def _update(run, batch) -> dict:
     from trainer.step import train_on_batch
 
-    return train_on_batch(run, batch, step=3)
+    return train_on_batch(run, batch, index=3)
 
 
 def _adapter(policy) -> dict[str, torch.Tensor]:

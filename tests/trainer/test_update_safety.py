@@ -159,10 +159,10 @@ def test_update_counts_skips_then_fails_with_a_clear_message():
     run = _fake_run(_qwen(), mini_batches=2, max_nonfinite=3)
     ro = _rollouts(8)
     ro.rewards = torch.full((8,), float("nan"))  # NaN advantages for every sample
-    out = train_on_batch(run, ro, step=0)
+    out = train_on_batch(run, ro, index=0)
     assert out["skipped_updates"] == 2 and out["mini_batch_updates"] == 2
     with pytest.raises(NonFiniteError, match="non-finite loss or gradient"):
-        train_on_batch(run, ro, step=1)
+        train_on_batch(run, ro, index=1)
 
 
 @pytest.mark.parametrize("n,m,want", [(6, 4, [2, 2, 1, 1]), (8, 4, [2, 2, 2, 2]), (3, 4, [1, 1, 1])])
@@ -187,7 +187,7 @@ def test_old_logprobs_are_not_changed_by_the_mini_batch_updates():
     step_mod.ppo_update = spy
     try:
         want = sequence_logprobs(run.policy, ro.prompt_ids, ro.response_ids, 1.0, 4096)
-        train_on_batch(run, ro, step=0)
+        train_on_batch(run, ro, index=0)
     finally:
         step_mod.ppo_update = real
     assert len(calls) == 4

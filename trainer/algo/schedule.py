@@ -49,7 +49,7 @@ class StagePlan:
     samples_per_step: int
     lr: float
     steps: int
-    first_step: int  # 0-based global step at which the stage starts
+    first_step: int  # 0-based index of the stage's first step (the steps done before it)
 
 
 def plan(spec: JobSpec) -> list[StagePlan]:
@@ -82,19 +82,20 @@ def stage_warning(plans: list[StagePlan], p: StagePlan) -> str | None:
             f"learned; keep prompts_per_step and let samples per step grow with n")
 
 
-def stage_for_step(plans: list[StagePlan], step: int) -> StagePlan:
-    """The stage that runs 0-based global `step`."""
+def stage_for_step(plans: list[StagePlan], index: int) -> StagePlan:
+    """The stage that runs the step of 0-based global `index` (the steps done before it)."""
     for p in plans:
-        if step < p.first_step + p.steps:
+        if index < p.first_step + p.steps:
             return p
-    raise IndexError(f"step {step} is beyond the schedule")
+    raise IndexError(f"step index {index} is beyond the schedule")
 
 
-def lr_at(plans: list[StagePlan], step: int, warmup_steps: int) -> float:
-    """The stage's lr, with linear warmup over the first `warmup_steps` global steps."""
-    lr = stage_for_step(plans, step).lr
-    if warmup_steps and step < warmup_steps:
-        lr *= (step + 1) / warmup_steps
+def lr_at(plans: list[StagePlan], index: int, warmup_steps: int) -> float:
+    """The lr of the step of 0-based `index`: its stage's, with linear warmup over the first
+    `warmup_steps` steps."""
+    lr = stage_for_step(plans, index).lr
+    if warmup_steps and index < warmup_steps:
+        lr *= (index + 1) / warmup_steps
     return lr
 
 
