@@ -5,7 +5,8 @@ Every test that takes `client` runs twice: on a SQLite file in its tmp dir, and 
 afterwards. Migrations run once per backend per session with `store.migrate.upgrade(url)`
 into a template (a SQLite file that is copied; a Postgres database used as `TEMPLATE`), which
 makes a fresh, migrated database per test cost milliseconds instead of a migration run.
-When no PostgreSQL server answers, the postgres variants are skipped with that reason.
+When no PostgreSQL server answers, the postgres variants are skipped with that reason (in CI
+they fail: tests/support/services.py).
 
 Enqueueing is replaced by a recorder (`enqueued`): these are API tests; the real Celery
 round trip is tested in tests/worker and tests/e2e.
@@ -29,6 +30,7 @@ from store.db import reset_engine_cache, session_scope
 from store.migrate import upgrade
 from store.settings import Settings
 from tests.api.helpers import UPLOAD_LIMIT
+from tests.support.services import require_service
 
 PG_ADMIN_URL = os.environ.get(
     "BRORL_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -59,9 +61,9 @@ def pg_template() -> Iterator[str]:
     try:
         with admin.connect() as conn:
             conn.execute(text("SELECT 1"))
-    except Exception as exc:  # no server: the postgres variants are skipped, not failed
+    except Exception as exc:  # no server: the postgres variants are skipped (failed in CI)
         admin.dispose()
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {type(exc).__name__}")
+        require_service("PostgreSQL", f"not reachable at {PG_ADMIN_URL}: {type(exc).__name__}")
     name = f"brorl_api_tpl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))

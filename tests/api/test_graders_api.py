@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from trainer.graders import sandbox_layer
+from tests.support.services import bubblewrap_missing, needs_service
 
 SC = {"type": "string_check", "name": "s", "input": "{{ sample.output_text }}",
       "reference": "{{ item.answer }}", "operation": "eq"}
@@ -65,7 +65,7 @@ def test_run_string_check_in_openai_shape(graders_client, auth):
     assert body["metadata"]["errors"]["other_error"] is False
 
 
-@pytest.mark.skipif(sandbox_layer() != "bubblewrap", reason="needs bubblewrap")
+@needs_service("bubblewrap", bubblewrap_missing())
 def test_run_python_grader_in_the_sandbox(graders_client, auth, tmp_path):
     probe = tmp_path / "probe"
     r = graders_client.post("/v1/graders/run", headers=auth,

@@ -4,20 +4,20 @@ on an empty data dir, with two short real jobs on the builtin tiny model, and Ch
 Job A (two stages, N=4 then N=8) is the one the job page watches live; job B (N=8 from the
 start) is queued behind it for the compare page; the cancel test submits its own job.
 Chromium is Debian's (`/usr/bin/chromium`) driven by Playwright; without it the tests skip
-with that reason (CI installs it: .ci/run).
+with that reason (and fail in CI, which installs it: .ci/run).
 """
 from __future__ import annotations
 
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.dashboard.helpers import SPEC_A, SPEC_B, client
 from tests.support.tinyprebuild import prebuild
 from tests.support.upstack import Stack, running_stack
+from tests.support.services import chromium_missing, require_service
 from trainer.spec import JobSpec
 
 CHROMIUM = os.environ.get("BRORL_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -54,8 +54,7 @@ def login_url(stack: Stack) -> str:
 
 @pytest.fixture(scope="session")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium chromium-driver)")
+    require_service("Chromium", chromium_missing(CHROMIUM))
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

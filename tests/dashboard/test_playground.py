@@ -9,10 +9,10 @@ import json
 import pytest
 from playwright.sync_api import expect
 
-from trainer.graders import sandbox_layer
+from tests.support.services import grader_sandbox_missing, needs_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400),
-              pytest.mark.skipif(sandbox_layer() == "none", reason="no grader sandbox here")]
+              needs_service("a grader sandbox", grader_sandbox_missing())]
 
 
 def _run(page, grader, sample: str, item: dict) -> None:

@@ -1,34 +1,20 @@
 """docker-compose.yml is valid compose (checked by the docker CLI, no engine needed)."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from store.settings import Settings
+from tests.support.services import compose_command, compose_missing, require_service
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _compose_command() -> list[str] | None:
-    """`docker compose` (the v2 plugin) if present, else the standalone `docker-compose`."""
-    if shutil.which("docker"):
-        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
-        if probe.returncode == 0:
-            return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    return None
-
-
 def test_compose_config_is_valid():
-    command = _compose_command()
-    if command is None:
-        pytest.skip("neither `docker compose` (the v2 CLI plugin) nor `docker-compose` is "
-                    "installed, so the compose file cannot be validated here")
+    require_service("docker compose", compose_missing())
+    command = compose_command()
     result = subprocess.run([*command, "-f", "docker-compose.yml", "config", "-q"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -28,15 +28,15 @@ import pytest
 import yaml
 
 from cli.client import BrorlAPIError, BrorlClient
-from trainer.graders import sandbox_layer
 from trainer.spec import ReasoningGymTask
 from trainer.tasks import reasoning_gym_task
 from trainer.tasks.prompts import PLAIN_INSTRUCTION
 from tests.support.tinyprebuild import SHARED_SEED, shared_model_dir, shared_task
 from tests.support.upstack import Stack, running_stack
+from tests.support.services import grader_sandbox_missing, needs_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900),
-              pytest.mark.skipif(sandbox_layer() == "none", reason="no grader sandbox here")]
+              needs_service("a grader sandbox", grader_sandbox_missing())]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PLACEHOLDER = "ds_REPLACE_WITH_UPLOADED_ID"

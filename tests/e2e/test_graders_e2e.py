@@ -8,13 +8,13 @@ from collections.abc import Iterator
 import pytest
 
 from cli.client import BrorlClient
-from trainer.graders import sandbox_layer
 from trainer.spec import JobSpec
 from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
 from tests.support.upstack import Stack, running_stack
+from tests.support.services import grader_sandbox_missing, needs_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.skipif(sandbox_layer() == "none", reason="no grader sandbox here")]
+              needs_service("a grader sandbox", grader_sandbox_missing())]
 
 ANSWER_PY = """
 import re

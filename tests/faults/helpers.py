@@ -22,6 +22,7 @@ import pytest
 from store.db import session_scope
 from store.tables import Checkpoint, Job, JobEvent, Metric
 from tests.support.jobs import FAKE_ENTRYPOINT, make_spec
+from tests.support.services import redis_server_missing, require_service
 from trainer.checkpoints import format as ckpt_format
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,9 +55,8 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        require_service("redis-server", redis_server_missing())
         exe = shutil.which("redis-server")
-        if exe is None:
-            pytest.skip("redis-server is not installed")
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.folder)],

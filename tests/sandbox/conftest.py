@@ -1,14 +1,14 @@
 """Each sandbox test runs once per real layer: bubblewrap, and the Landlock fallback forced
 by hiding bubblewrap. A layer that does not work here skips its run with the reason, except
-in CI (CI=true), where .ci/run provides both and a missing layer fails the run."""
+in CI, where .ci/run provides both and a missing layer fails the run
+(tests/support/services.py)."""
 from __future__ import annotations
 
 import functools
-import os
-
 import pytest
 
 from trainer.graders.sandbox import layer as layers
+from tests.support.services import require_service
 
 LAYERS = ("bubblewrap", "landlock")
 
@@ -20,12 +20,7 @@ def why_not(name: str) -> str:
 
 def force_layer(monkeypatch, name: str) -> None:
     """Make `name` this process's layer for the test, or skip (fail in CI) saying why not."""
-    why = why_not(name)
-    if why:
-        message = f"the {name} layer does not work here: {why}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_service(f"the {name} sandbox layer", why_not(name))
     monkeypatch.setattr(layers, "_detect", lambda: layers.LayerStatus(name))
 
 

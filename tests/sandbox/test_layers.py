@@ -9,6 +9,7 @@ import pytest
 
 from trainer.graders import GraderRuntime, SandboxUnavailable
 from trainer.graders.sandbox import layer
+from tests.support.services import grader_sandbox_missing, needs_service, require_service
 
 PY = {"type": "python", "name": "p",
       "source": "import os\ndef grade(sample, item):\n"
@@ -40,7 +41,7 @@ def test_unsafe_override_still_runs_rlimits_and_seccomp(no_bubblewrap, monkeypat
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(layer.sandbox_layer() == "none", reason="needs a grader sandbox")
+@needs_service("a grader sandbox", grader_sandbox_missing())
 def test_servers_are_reused_across_batches():
     """One long-lived server serves batch after batch (bwrap's die-with-parent follows the
     thread that started it, so starting servers from a batch's worker threads would kill
@@ -58,7 +59,7 @@ def test_servers_are_reused_across_batches():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(layer.sandbox_layer() == "none", reason="needs a grader sandbox")
+@needs_service("a grader sandbox", grader_sandbox_missing())
 def test_a_server_that_died_while_idle_is_not_charged_to_the_next_sample():
     import os
     import signal
@@ -110,9 +111,7 @@ def test_bwrap_is_found_wherever_the_operator_put_it(fresh_detection, monkeypatc
     import tempfile
 
     found = shutil.which("bwrap", path=":".join(layer.BWRAP_DIRS))
-    if found is None:
-        pytest.skip("bubblewrap is not installed") if not os.environ.get("CI") else \
-            pytest.fail("CI installs bubblewrap")
+    require_service("bubblewrap", None if found else "bwrap is not installed")
     monkeypatch.setenv("PATH", "/nonexistent")  # not on PATH: the usual folders are searched
     assert layer.bwrap_binary() == found
     elsewhere = Path(tempfile.mkdtemp(prefix="brorl-opt-"))

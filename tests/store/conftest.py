@@ -26,6 +26,7 @@ from store.keys import create_tenant
 from store.migrate import upgrade
 from store.tables import Base, Tenant
 from store.settings import reset_settings_cache
+from tests.support.services import require_service
 
 PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
 
@@ -52,7 +53,7 @@ def _postgres_up() -> None:
     try:
         _admin().close()
     except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable on 127.0.0.1:5432: {exc}")
+        require_service("PostgreSQL", f"not reachable on 127.0.0.1:5432: {exc}")
 
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

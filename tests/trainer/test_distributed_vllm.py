@@ -19,6 +19,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.trainer.test_distributed import spawn
 from trainer.distributed import collectives as distributed
+from tests.support.services import require_module
 
 pytestmark = pytest.mark.integration  # every test starts two gloo ranks
 
@@ -121,7 +122,7 @@ def test_weight_sync_streams_tensor_by_tensor_on_ranks(tmp_path):
 def test_vllm_engine_on_two_ranks_through_a_whole_step(tmp_path):
     """`train` on 2 ranks with rollout.engine vllm: the start-up sync into each rank's engine
     and the sync after the step are verified (a failure raises WeightSyncError on a rank)."""
-    pytest.importorskip("vllm")
+    require_module("vllm")
     from tests.support.tinyprebuild import prebuild
     from tests.trainer.test_distributed_loop import SPEC
     from trainer import train

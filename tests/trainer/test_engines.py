@@ -15,6 +15,7 @@ from trainer.engines.base import WeightSyncError, trainer_token_logprobs
 from trainer.engines.hf_engine import HFEngine
 from trainer.rollouts import SamplingConfig
 from trainer.models.tiny import VOCAB, build_untrained, encode, save_folder
+from tests.support.services import require_module
 
 EOS = VOCAB["<eos>"]
 PROMPTS = [encode("State the answer: 1 + 2 =\n"), encode("hi"), encode("7 - 9 =\n")]
@@ -30,7 +31,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vllm_engine(tiny):
-    pytest.importorskip("vllm")
+    require_module("vllm")
     from trainer.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(tiny[1], dtype="float32", seed=0, max_model_len=256, max_num_seqs=64)

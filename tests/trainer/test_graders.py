@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from trainer.graders import grade_batch, run_grader, sandbox_layer, validate_grader
+from trainer.graders import grade_batch, run_grader, validate_grader
 from trainer.graders import formula, similarity, templates
 from trainer.graders.schemas import MAX_PYTHON_SOURCE_BYTES, check_dataset_fields, parse_grader
+from tests.support.services import bubblewrap_missing, needs_service, wordnet_missing
 
-needs_wordnet = pytest.mark.skipif(similarity.wordnet_dir() is None,
-                                   reason="needs WordNet data (Debian's wordnet-base)")
-needs_sandbox = pytest.mark.skipif(sandbox_layer() != "bubblewrap",
-                                   reason="needs bubblewrap with user namespaces")
+needs_wordnet = needs_service("WordNet", wordnet_missing())
+needs_sandbox = needs_service("bubblewrap", bubblewrap_missing())
 
 
 def sc(op, input="{{ sample.output_text }}", reference="{{ item.answer }}"):

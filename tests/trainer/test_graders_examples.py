@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.graders import GraderRuntime, sandbox_layer, validate_grader
+from trainer.graders import GraderRuntime, validate_grader
 from trainer.tasks.dataset_task import count_valid_rows
+from tests.support.services import bubblewrap_missing, needs_service
 
 ROOT = Path(__file__).resolve().parents[2] / "examples"
 
@@ -22,7 +23,7 @@ def test_example_graders_validate(path, monkeypatch):
     assert grader.type == path.stem
 
 
-@pytest.mark.skipif(sandbox_layer() != "bubblewrap", reason="needs bubblewrap")
+@needs_service("bubblewrap", bubblewrap_missing())
 @pytest.mark.timeout(120)
 def test_code_dataset_reference_solutions_pass():
     path = ROOT / "data" / "code_problems.jsonl"

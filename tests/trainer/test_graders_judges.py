@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from tests.support.upstack import free_port, wait_healthy
 from trainer.graders import grade_batch, run_grader, validate_grader
 from trainer.graders.judges import ALIASES_ENV, JUDGES_ENV, JudgeError, get_judge, parse_answer
+from tests.support.services import require_module
 
 LABEL = {"type": "label_model", "name": "polite", "model": "tiny",
          "input": [{"role": "system", "content": "Is the answer polite?"},
@@ -30,7 +31,7 @@ SCORE = {"type": "score_model", "name": "quality", "model": "tiny",
 
 @pytest.fixture(scope="module")
 def judge_url(tmp_path_factory):
-    pytest.importorskip("vllm")
+    require_module("vllm")
     from trainer.models.tiny import build_untrained, save_folder
 
     root = tmp_path_factory.mktemp("judge")

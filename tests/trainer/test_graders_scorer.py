@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.graders import sandbox_layer
 from trainer.graders.scorer import GraderScorer, example_item, step_metrics
 from trainer.tasks.base import Example
+from tests.support.services import grader_sandbox_missing, needs_service
 
 EXACT = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
          "reference": "{{ item.answer }}", "operation": "eq"}
@@ -42,7 +42,7 @@ def test_binary_reward():
     assert result.rewards == [1.0, 0.0]
 
 
-@pytest.mark.skipif(sandbox_layer() == "none", reason="needs a grader sandbox")
+@needs_service("a grader sandbox", grader_sandbox_missing())
 def test_errors_and_timeouts_are_counted():
     grader = {"type": "python", "name": "p",
               "source": "import time\ndef grade(sample, item):\n"
@@ -105,7 +105,7 @@ def test_reasoning_gym_scorer_as_a_grader():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(sandbox_layer() == "none", reason="needs a grader sandbox")
+@needs_service("a grader sandbox", grader_sandbox_missing())
 def test_a_stop_reaches_a_batch_that_is_still_grading():
     """A cancel or the wall limit while a step's samples are in the sandbox: the job's stop
     check kills the batch within a second (it used to wait for the whole batch)."""

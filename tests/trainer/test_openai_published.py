@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 from openai.types.fine_tuning.alpha.grader_run_response import GraderRunResponse
 
-from trainer.graders import GraderRuntime, run_grader, sandbox_layer, validate_grader
+from trainer.graders import GraderRuntime, run_grader, validate_grader
 from trainer.graders.judges import ALIASES_ENV, JUDGES_ENV
 from trainer.graders.schemas import needs_sandbox
+from tests.support.services import bubblewrap_missing, needs_service, require_service, wordnet_missing
 
 HERE = Path(__file__).parent / "openai_published"
 FIXTURES = sorted(p for p in HERE.glob("*.json") if not p.name.endswith(".source.json"))
-bubblewrap = pytest.mark.skipif(sandbox_layer() != "bubblewrap", reason="needs bubblewrap")
+bubblewrap = needs_service("bubblewrap", bubblewrap_missing())
 
 
 # The models OpenAI's graders guide lists for model graders.
@@ -84,8 +85,8 @@ CASES = [(p, n) for p in FIXTURES for n, c in enumerate(load(p)[1]["cases"])
 @pytest.mark.parametrize("path,n", CASES, ids=[f"{p.stem}-{n}" for p, n in CASES])
 def test_published_grader_scores_as_openai_does(path, n, runtime, monkeypatch):
     grader, meta = load(path)
-    if needs_sandbox(validate_grader(grader)) and sandbox_layer() != "bubblewrap":
-        pytest.skip("needs bubblewrap")
+    if needs_sandbox(validate_grader(grader)):
+        require_service("bubblewrap", bubblewrap_missing())
     case = meta["cases"][n]
     response = run_grader(grader, case["model_sample"], case["item"], runtime)
     errors = response["metadata"]["errors"]
@@ -152,10 +153,7 @@ def test_the_sandbox_has_openai_grader_images_packages_and_corpora(runtime):
 
 
 def test_meteor_is_accepted_when_wordnet_is_there():
-    from trainer.graders.similarity import wordnet_dir
-
-    if wordnet_dir() is None:
-        pytest.skip("no WordNet (Debian's wordnet-base)")
+    require_service("WordNet", wordnet_missing())
     grader = {"type": "text_similarity", "input": "{{ sample.output_text }}",
               "reference": "{{ item.answer }}", "evaluation_metric": "meteor"}
     response = run_grader(grader, "the cats sat", {"answer": "the cat sat"})

@@ -8,6 +8,7 @@ import torch
 
 from trainer.models import tiny as tiny_model
 from trainer.models.tiny import VOCAB, build_tiny_model, encode, ensure_tiny_model
+from tests.support.services import require_module
 
 PAIRS = [(f"What is {a} + {b}?\n", f"<answer>{a + b}</answer>") for a in range(5) for b in range(5)]
 
@@ -67,7 +68,7 @@ def test_ensure_caches_by_key(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_folder_loads_in_vllm(tmp_path):
-    pytest.importorskip("vllm")
+    require_module("vllm")
     from transformers import AutoModelForCausalLM
 
     from trainer.engines.vllm_engine import VLLMEngine

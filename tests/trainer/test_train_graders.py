@@ -3,15 +3,15 @@ and multi sub-rewards are step metrics, stored samples carry the sub-rewards, ev
 the same grader, and a grader failing on most samples fails the job naming its error."""
 import pytest
 
-from trainer.graders import sandbox_layer
 from trainer.graders.scorer import GraderErrorLimit
 from trainer.sink import ListSink
 from trainer.spec import JobSpec
 
 from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
+from tests.support.services import grader_sandbox_missing, needs_service
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(sandbox_layer() == "none", reason="no grader sandbox here")]
+              needs_service("a grader sandbox", grader_sandbox_missing())]
 
 ANSWER_PY = """
 import re

@@ -15,6 +15,7 @@ from trainer.optim.update import UpdateConfig, ppo_update, sequence_logprobs
 from trainer.rollouts import Rollouts
 from trainer.spec import JobSpec
 from trainer.step import NonFiniteError, split_mini_batches, train_on_batch
+from tests.support.services import require_module
 
 VOCAB = 64
 
@@ -196,7 +197,7 @@ def test_old_logprobs_are_not_changed_by_the_mini_batch_updates():
 
 
 def test_8bit_optimizer_state_steps_the_fp32_masters():
-    pytest.importorskip("bitsandbytes")
+    require_module("bitsandbytes")
     from trainer.optim.optimizer import make_optimizer
     from trainer.spec import OptimSpec
 

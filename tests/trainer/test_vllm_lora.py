@@ -7,6 +7,7 @@ import torch
 from trainer.models.lora import apply_lora
 from trainer.rollouts import SamplingConfig
 from trainer.spec import LoraSpec
+from tests.support.services import require_module
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +20,7 @@ def _kick(model, shift=0.0):
 
 
 def test_vllm_serves_each_adapter_version_with_the_trainers_logprobs(tmp_path):
-    pytest.importorskip("vllm")
+    require_module("vllm")
     from trainer.engines import make_engine
     from trainer.engines.base import trainer_token_logprobs
     from trainer.models.tiny import build_untrained, save_folder

@@ -21,6 +21,7 @@ import pytest
 
 from cli.client import BrorlClient
 from tests.support.jobs import FAKE_ENTRYPOINT, fresh_pg_database, make_spec
+from tests.support.services import require_service
 
 # A `brorl worker` process and uvicorn: the stack, started for real.
 pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.postgres,
@@ -46,7 +47,7 @@ def _redis():
     try:
         client.ping()
     except redis.RedisError as exc:
-        pytest.skip(f"Redis not reachable on 127.0.0.1:6379: {exc}")
+        require_service("Redis", f"not reachable on 127.0.0.1:6379: {exc}")
     return client
 
 
