@@ -1,7 +1,7 @@
 """`/v1/files` with `purpose: fine-tune`: OpenAI's files API over this service's datasets.
 
 A file is a dataset (the same row, id `ds_...`, the same file on disk): it is uploaded through
-the native upload path (`api.routes.datasets.store_upload`: streaming, the size limit, the
+the native upload path (`api.dataset_upload.store_upload`: streaming, the size limit, the
 dataset quota, every line checked with the trainer's rules, a bad line named), so
 `GET /v1/datasets` lists it and `training_file` takes its id. Only `fine-tune` is served:
 another purpose is a 400 naming `purpose` before anything is stored. Delete refuses (409) a
@@ -21,7 +21,7 @@ from store import datasets
 from api.deps import SessionDep, SettingsDep, TenantDep
 from api.openai.errors import OpenAIError, OpenAIRoute, bad_request
 from api.openai.objects import file_object
-from api.routes.datasets import _UPLOAD_BODY, store_upload
+from api.dataset_upload import UPLOAD_BODY, store_upload
 from api.upload import Upload
 
 router = APIRouter(prefix="/files", tags=["openai: files"], route_class=OpenAIRoute)
@@ -29,7 +29,7 @@ PURPOSE = "fine-tune"
 
 _FILES_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["file", "purpose"],
-    "properties": {**_UPLOAD_BODY["requestBody"]["content"]["multipart/form-data"]["schema"]
+    "properties": {**UPLOAD_BODY["requestBody"]["content"]["multipart/form-data"]["schema"]
                    ["properties"], "purpose": {"type": "string", "enum": [PURPOSE]}},
 }}}}}
 

@@ -1,7 +1,7 @@
 """`/v1/fine_tuning/jobs`: OpenAI's fine-tuning jobs API over this service's jobs.
 
 Create maps the request onto a JobSpec (api/openai/mapping.py) and goes through the native
-creation path (`api.routes.jobs.submit_job`: the same checks, job quota, Idempotency-Key and
+creation path (`api.submission.submit_job`: the same checks, job quota, Idempotency-Key and
 enqueue), so a job made here is a job of `GET /v1/jobs` and the other way round. Retrieve,
 list (`after`, `limit`), cancel, pause, resume, events and checkpoints read and move the same
 rows; answers are OpenAI's objects (api/openai/objects.py), errors OpenAI's shape.
@@ -25,7 +25,7 @@ from api.openai.mapping import JobCreate, build_spec, check_text, request_field
 from api.openai.objects import (
     CHECKPOINT_NAME, CHECKPOINT_PREFIX, EVENT_PREFIX, checkpoint_object, cursor_int,
     event_object, job_object)
-from api.routes.jobs import IdempotencyKey, job_or_404, resume_job, submit_job
+from api.submission import IdempotencyKey, job_or_404, resume_job, submit_job
 
 router = APIRouter(prefix="/fine_tuning", tags=["openai: fine-tuning"], route_class=OpenAIRoute)
 

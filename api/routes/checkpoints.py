@@ -26,7 +26,7 @@ from trainer.checkpoints import format as ckpt_format
 
 from api.deps import SessionDep, TenantDep
 from api.errors import ApiError
-from api.routes.jobs import job_or_404
+from api.submission import job_or_404
 from api.schemas import CheckpointPublic, ListPublic
 
 router = APIRouter(prefix="/jobs/{job_id}/checkpoints", tags=["checkpoints"])

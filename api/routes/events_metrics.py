@@ -39,7 +39,7 @@ from trainer.spec import MAX_TOTAL_STEPS
 
 from api.deps import SessionDep, TenantDep
 from api.errors import ApiError
-from api.routes.jobs import job_or_404
+from api.submission import job_or_404
 from api.schemas import EventPublic, ListPublic, MetricPublic
 
 router = APIRouter(prefix="/jobs/{job_id}", tags=["events & metrics"])

@@ -23,15 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.graders import (
     Grader, GraderRuntime, SandboxUnavailable, needs_sandbox, run_grader, sandbox_layer)
-from trainer.graders.judges import JudgeError, get_judge
 from trainer.graders.settings import grader_settings
 from trainer.graders.verifier_cache import VerifierScorers
-from trainer.graders.schemas import (
-    LabelModelGrader, MultiGrader, ScoreModelGrader, TextSimilarityGrader)
-from trainer.graders.similarity import UnsupportedMetric, check_metric
 
 from api.deps import TenantDep
 from api.errors import ApiError, field_error
+from api.submission import check_runnable
 
 router = APIRouter(prefix="/graders", tags=["graders"])
 _lock = threading.Lock()
@@ -52,23 +49,6 @@ class RunRequest(BaseModel):
     model_sample: str | dict[str, Any] = Field(
         description="The model's output text, or OpenAI's sample object (output_text, ...).")
     item: dict[str, Any] = Field(default_factory=dict, description="The dataset row.")
-
-
-def check_runnable(grader: Any, path: str = "grader") -> None:
-    """422 for what validates but cannot run here: a metric or a judge this server lacks."""
-    if isinstance(grader, (ScoreModelGrader, LabelModelGrader)):
-        try:
-            get_judge(grader.model)
-        except JudgeError as exc:
-            raise field_error(f"{path}.model", str(exc)) from None
-    if isinstance(grader, TextSimilarityGrader):
-        try:
-            check_metric(grader.evaluation_metric)
-        except UnsupportedMetric as exc:
-            raise field_error(f"{path}.evaluation_metric", str(exc)) from None
-    if isinstance(grader, MultiGrader):
-        for key, sub in grader.graders.items():
-            check_runnable(sub, f"{path}.graders.{key}")
 
 
 def _verifiers(request: Request) -> VerifierScorers:

@@ -2,33 +2,25 @@
 
 A probe is a job row of kind `probe` (store.probes): created, queued, claimed, leased, fenced,
 cancelled and reaped like a training job, on the same queue, by the same worker. Creating one
-is: validate the `ProbeSpec` body, resolve `model: {job, step}` to the caller's checkpoint (a
-422 naming `model.job` / `model.step` otherwise), check the model path and dataset as for a job,
-insert, COMMIT, then enqueue, exactly as `POST /v1/jobs` does. Another tenant's probe, and a
+is: validate the `ProbeSpec` body, then `api.submission.submit_probe`: the checks a job gets,
+`model: {job, step}` resolved to the caller's checkpoint (a 422 naming `model.job` /
+`model.step` otherwise), insert, COMMIT, then enqueue, as `POST /v1/jobs` does. Another tenant's probe, and a
 training job's id, are a 404 here (and a probe's id is a 404 under /v1/jobs).
 """
 from __future__ import annotations
 
-import logging
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Query, Response, status
 from pydantic import Field
-from sqlalchemy.orm import Session
 
-from store import datasets, jobs, probes
-from store.errors import NotFound
-from store.model_paths import model_path_problem
+from store import jobs
 from store.tables import Job, JobKind, JobStatus
 from trainer.probe_spec import ProbeSpec
-from trainer.spec import FieldError, ModelSpec
 
 from api.deps import EnqueueDep, SessionDep, SettingsDep, TenantDep
-from api.errors import field_error
-from api.quotas import job_quota_error
 from api.schemas import EventPublic, JobSummary, ListPublic
-
-log = logging.getLogger(__name__)
+from api.submission import IdempotencyKey, probe_or_404, submit_probe
 
 router = APIRouter(prefix="/probes", tags=["probes"])
 
@@ -51,43 +43,17 @@ def _public(model: type[ProbeSummary], row: Job) -> ProbeSummary:
     return model.model_validate(row).model_copy(update={"model": (row.spec or {}).get("model")})
 
 
-def probe_or_404(session: Session, tenant_id: int, probe_id: str) -> Job:
-    row = jobs.get_job(session, tenant_id, probe_id, JobKind.probe)
-    if row is None:
-        raise NotFound(f"probe {probe_id} not found")
-    return row
-
-
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ProbePublic,
              responses={200: {"model": ProbePublic, "description": "Replay of an Idempotency-Key."}})
 def create_probe(spec: ProbeSpec, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
                  enqueue: EnqueueDep, response: Response,
-                 idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+                 idempotency_key: IdempotencyKey = None,
                  ) -> ProbePublic:
     """Queue a probe; 201 with it. Its progress is in `step` / `total_steps` and its events."""
-    if isinstance(spec.model, ModelSpec) and (problem := model_path_problem(spec.model.path, settings)):
-        raise field_error("model.path", problem)
-    over_quota = job_quota_error(session, settings, tenant.id)
-    if spec.task is not None and spec.task.dataset is not None \
-            and datasets.get_dataset(session, tenant.id, spec.task.dataset.id) is None:
-        raise field_error("task.dataset.id", f"no dataset {spec.task.dataset.id!r} (upload it first)")
-    try:
-        row, created = probes.create_probe(session, tenant.id, spec, idempotency_key)
-    except FieldError as exc:
-        raise field_error(exc.path, exc.message) from None
-    if created and over_quota is not None:
-        session.rollback()
-        raise over_quota
-    session.commit()
-    public = _public(ProbePublic, row)
+    row, created = submit_probe(spec, session, settings, tenant.id, enqueue, idempotency_key)
     if not created:
         response.status_code = status.HTTP_200_OK
-        return public
-    try:
-        enqueue(row.id, gpus=1)
-    except Exception:  # committed: it stays queued and the requeue of stale jobs sends it again
-        log.exception("probe %s created but could not be enqueued; it stays queued", row.id)
-    return public
+    return _public(ProbePublic, row)
 
 
 @router.get("", response_model=ListPublic[ProbeSummary])

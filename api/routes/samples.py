@@ -14,7 +14,7 @@ from store import jobs
 from trainer.spec import MAX_TOTAL_STEPS
 
 from api.deps import SessionDep, TenantDep
-from api.routes.jobs import job_or_404
+from api.submission import job_or_404
 from api.schemas import ListPublic, SamplePublic
 
 router = APIRouter(prefix="/jobs/{job_id}", tags=["samples"])

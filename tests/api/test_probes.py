@@ -84,3 +84,32 @@ def test_probe_of_a_checkpoint_takes_the_jobs_task(client, auth, other_auth, dat
     # Another tenant cannot point a probe at it.
     assert_error(client.post("/v1/probes", json={"model": {"job": job["id"], "step": 2}}, headers=other_auth),
                  422, field="model.job")
+
+
+def test_a_probe_goes_through_the_reward_check_of_a_job(client, auth, enqueued, monkeypatch):
+    """A probe is submitted as a job is (api.submission): a grader whose judge this server
+    lacks is a 422 naming it, for both, and neither row is stored nor enqueued."""
+    monkeypatch.delenv("BRORL_JUDGES", raising=False)
+    judge = {"type": "score_model", "name": "j", "model": "no-such-judge",
+             "input": [{"role": "user", "content": "{{ sample.output_text }}"}]}
+    task = {**TASK, "grader": judge}
+    assert_error(_probe(client, auth, task=task), 422, field="task.grader.model")
+    assert_error(client.post("/v1/jobs", json=make_spec(task=task), headers=auth), 422, field="task.grader.model")
+    assert client.get("/v1/probes", headers=auth).json()["data"] == [] and enqueued == []
+    assert client.get("/v1/jobs", headers=auth).json()["data"] == []
+
+
+def test_routes_share_rules_through_modules_not_each_other():
+    """No route module imports another route module: shared rules live in api.submission and
+    api.dataset_upload. The one exception mounts the same handlers again: OpenAI's
+    `/v1/fine_tuning/alpha/graders/*` are the `/v1/graders/*` functions themselves."""
+    import ast
+    from pathlib import Path
+
+    allowed = {("api/openai/graders.py", "api.routes")}
+    root = Path(__file__).resolve().parents[2]
+    for path in [*(root / "api/routes").glob("*.py"), *(root / "api/openai").glob("*.py")]:
+        name = str(path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("api.routes"):
+                assert (name, node.module) in allowed, f"{name} imports {node.module}"
