@@ -5,7 +5,8 @@ for one), and only a worker that holds G GPUs serves that queue, so a job never 
 machine too small for it and a 1-GPU worker is never blocked by a message it cannot run.
 
 The API imports this module to enqueue by task name, so it must stay light: no torch, no
-trainer internals, and not even `worker.tasks` (the worker imports that through `include`).
+trainer internals, and not even `worker.entrypoints` (the worker imports that through
+`include`).
 The database is the truth about a job; a Celery message is only a trigger that says "look at
 job X". That is why results are ignored, retries are not Celery's business, and a duplicate
 delivery is harmless (the runner's claim is a compare-and-set that refuses it).
@@ -102,7 +103,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def make_app(settings: Settings | None = None) -> Celery:
     """A Celery app bound to `settings` (the process-wide ones when omitted, read lazily)."""
-    celery = Celery("brorl", include=["worker.tasks"], set_as_current=settings is None)
+    celery = Celery("brorl", include=["worker.entrypoints"], set_as_current=settings is None)
     if settings is None:
         # Lazy: the settings are read when Celery first needs its config, so importing this
         # module (the API does) neither creates the data dir nor freezes the environment.

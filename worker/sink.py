@@ -32,7 +32,7 @@ from sqlalchemy.exc import OperationalError
 from store import jobs
 from store.db import session_scope
 from store.errors import Fenced
-from store.models import EventType
+from store.tables import EventType
 from trainer.checkpoints import format as ckpt_format
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,10 @@ class DbSink:
                  on_fenced: Callable[[], None] | None = None,
                  uri_for: Callable[[Path], str] | None = None,
                  keep_last: int | None = None, retry_seconds: float = 0.0,
-                 buffer_rows: int = 10_000, max_sample_bytes: int = 50 * 2**20) -> None:
+                 buffer_rows: int = 10_000, max_sample_bytes: int = 50 * 2**20,
+                 database_url: str | None = None) -> None:
         self.job_id = job_id
+        self.database_url = database_url  # None: the process-wide settings' database
         self.attempt = attempt
         self.keep_last = keep_last
         self.retry_seconds = retry_seconds
@@ -98,7 +100,7 @@ class DbSink:
         if time.monotonic() < self._retry_at:
             return False
         try:
-            with session_scope() as s:
+            with session_scope(self.database_url) as s:
                 for fn, args, kwargs in self._pending:
                     fn(s, self.job_id, *args, **kwargs)
         except OperationalError:
@@ -150,7 +152,7 @@ class DbSink:
         try:
             while True:
                 try:
-                    with session_scope() as s:
+                    with session_scope(self.database_url) as s:
                         return fn(s, self.job_id, *args, **kwargs)
                 except OperationalError:
                     if time.monotonic() + pause > deadline:

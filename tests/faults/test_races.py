@@ -15,7 +15,7 @@ from store.db import session_scope
 from store.errors import Fenced
 from store.tables import Job, JobEvent, JobStatus
 from tests.faults.helpers import assert_consistent, event_types, job, wait_for
-from worker import runner
+from worker import lease, runner
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
 
@@ -102,7 +102,7 @@ def test_stale_attempt_leaves_no_row_and_no_file(stack):
 
 
 def test_a_lease_not_renewed_for_a_whole_lease_stops_the_run():
-    state = runner.StopState(max_wall_seconds=100, lease_seconds=2, job_id="j", attempt=1)
+    state = lease.StopState(max_wall_seconds=100, lease_seconds=2, job_id="j", attempt=1)
     assert state.should_stop() is False
     state.renewed -= 3  # the database did not answer for longer than the lease
     with pytest.raises(Fenced):

@@ -69,13 +69,13 @@ def test_gpu_counts_setting_is_a_comma_list_of_positive_counts(tmp_path, monkeyp
 
 
 def test_tasks_are_registered_by_name():
-    import worker.tasks  # noqa: F401 - registers the tasks
+    import worker.entrypoints  # noqa: F401 - registers the tasks
 
     assert {RUN_JOB_TASK, REAP_TASK} <= set(celery_app.app.tasks)
 
 
 def test_api_side_imports_stay_light():
     code = ("import sys, worker.celery_app, api.app; "
-            "bad = [m for m in ('torch', 'vllm', 'worker.tasks', 'worker.runner') if m in sys.modules]; "
+            "bad = [m for m in ('torch', 'vllm', 'worker.entrypoints', 'worker.runner') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)

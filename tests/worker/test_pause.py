@@ -1,6 +1,6 @@
 """Pausing a running job with the fake trainer: the heartbeat brings the pause request, the run
 stops at its next step and the job is `paused` with its lease released; a resume queues it and
-the next attempt continues from the checkpoint (store.job_pause, worker.runner)."""
+the next attempt continues from the checkpoint (store.job_pause, worker.lease)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ from store.db import session_scope
 from store.errors import InvalidTransition
 from store.tables import JobStatus
 from tests.worker.test_runner import events, job_row, metric_steps, run_in_thread, wait_for
-from worker import runner
+from worker import lease, runner
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,8 +51,8 @@ def test_heartbeat_sees_a_pause_and_a_queued_job_pauses_at_once(new_job, tenant_
     job_id = new_job()
     with session_scope() as s:
         claim = jobs.claim(s, job_id, "w", lease_seconds=5)
-    state = runner.StopState(max_wall_seconds=100)
-    beat = runner.Heartbeat(job_id, claim.attempt, get_settings(), state)
+    state = lease.StopState(max_wall_seconds=100)
+    beat = lease.Heartbeat(job_id, claim.attempt, get_settings(), state)
     beat.beat()
     assert not state.should_stop()
     with session_scope() as s:

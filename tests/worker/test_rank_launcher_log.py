@@ -3,13 +3,13 @@ import logging
 
 
 def test_worker_start_logs_the_rank_launcher_or_the_bad_setting(caplog, monkeypatch):
-    from worker import tasks
+    from worker import entrypoints
 
     monkeypatch.delenv("BRORL_LAUNCHER", raising=False)
-    with caplog.at_level(logging.INFO, logger="worker.tasks"):
-        assert tasks._log_rank_launcher() == "local"
+    with caplog.at_level(logging.INFO, logger="worker.entrypoints"):
+        assert entrypoints._log_rank_launcher() == "local"
     assert "rank launcher: local" in caplog.text
     monkeypatch.setenv("BRORL_LAUNCHER", "ray")
-    with caplog.at_level(logging.INFO, logger="worker.tasks"):
-        assert tasks._log_rank_launcher() is None
+    with caplog.at_level(logging.INFO, logger="worker.entrypoints"):
+        assert entrypoints._log_rank_launcher() is None
     assert "BRORL_LAUNCHER='ray'" in caplog.text and "choose one of local" in caplog.text

@@ -17,7 +17,7 @@ from store import jobs
 from store.db import session_scope
 from store.tables import Checkpoint, Job, JobEvent, JobStatus, Metric
 from tests.support.fake_trainer import write_checkpoint
-from worker import runner
+from worker import lease, runner
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -136,7 +136,7 @@ def test_stale_attempt_is_fenced_and_stops(new_job):
 def test_wall_clock_limit_fails_the_job(new_job):
     job_id = new_job("fake sleep=0.6", max_wall_seconds=1)
     assert runner.run_job(job_id) == "failed"
-    assert job_row(job_id).error == runner.WALL_LIMIT_ERROR
+    assert job_row(job_id).error == lease.WALL_LIMIT_ERROR
 
 
 class Sent(list):
@@ -233,8 +233,8 @@ def test_heartbeat_renews_lease_and_sees_cancel(new_job, tenant_id):
     with session_scope() as s:
         claim = jobs.claim(s, job_id, "w", lease_seconds=5)
     before = job_row(job_id).lease_expires_at
-    state = runner.StopState(max_wall_seconds=100)
-    beat = runner.Heartbeat(job_id, claim.attempt, get_settings(), state)
+    state = lease.StopState(max_wall_seconds=100)
+    beat = lease.Heartbeat(job_id, claim.attempt, get_settings(), state)
     time.sleep(0.01)
     beat.beat()
     assert job_row(job_id).lease_expires_at > before and not state.should_stop()
@@ -245,23 +245,23 @@ def test_heartbeat_renews_lease_and_sees_cancel(new_job, tenant_id):
 
 
 def test_reap_task_requeues_through_celery_enqueue(new_job, monkeypatch):
-    from worker import tasks
+    from worker import entrypoints
 
     sent = Sent()
-    monkeypatch.setattr(tasks, "enqueue_job", sent)
+    monkeypatch.setattr(entrypoints, "enqueue_job", sent)
     job_id = new_job()
     _claim_and_expire(job_id)
-    assert tasks.reap() == [job_id] and sent == [(job_id, "gpu")]
-    assert tasks.run_job(job_id) == "succeeded"  # the task body is the runner
+    assert entrypoints.reap() == [job_id] and sent == [(job_id, "gpu")]
+    assert entrypoints.run_job(job_id) == "succeeded"  # the task body is the runner
 
 
 def test_run_task_requeues_a_machine_fault_through_celery_enqueue(new_job, monkeypatch):
-    from worker import tasks
+    from worker import entrypoints
 
     sent = Sent()
-    monkeypatch.setattr(tasks, "enqueue_job", sent)
+    monkeypatch.setattr(entrypoints, "enqueue_job", sent)
     job_id = new_job("fake rankdied", gpus=2)
-    assert tasks.run_job(job_id) == "queued" and sent == [(job_id, "gpu-2")]
+    assert entrypoints.run_job(job_id) == "queued" and sent == [(job_id, "gpu-2")]
 
 
 def test_a_machine_fault_is_enqueued_to_the_broker_of_the_settings(new_job):
@@ -281,10 +281,10 @@ def test_worker_shutdown_stops_the_run_without_finishing_it(new_job):
     thread, result = run_in_thread(job_id)
     try:
         wait_for(lambda: job_row(job_id).step >= 1)
-        runner.request_shutdown()
+        lease.request_shutdown()
         thread.join(timeout=20)
     finally:
-        runner.clear_shutdown()
+        lease.clear_shutdown()
     assert not thread.is_alive() and result["status"] is None
     job = job_row(job_id)
     assert job.status == JobStatus.running and job.attempt == 1  # left for the reaper
@@ -364,3 +364,31 @@ def test_sink_stores_nan_and_infinity_as_null(new_job):
     with session_scope() as s:
         (row,) = s.query(Metric).filter_by(job_id=job_id).all()
         assert row.values == {"loss": None, "grad": [1.0, None], "ok": 0.5}
+
+
+def test_every_write_goes_to_the_database_of_the_settings_given(new_job, tmp_path):
+    """Claim, heartbeat, sink, outcome and reaper: all on `settings`' database, none on the
+    process-wide one (an embedded stack or a test runs jobs with settings of its own)."""
+    from store import keys
+    from store.migrate import upgrade
+    from store.settings import Settings
+    from tests.support.jobs import make_spec
+
+    other = Settings(data_dir=tmp_path / "other")
+    other.ensure_dirs()
+    upgrade(other.database_url)
+    with session_scope(other.database_url) as s:
+        tenant = keys.create_tenant(s, "elsewhere")
+        job, _ = jobs.create_job(s, tenant.id, make_spec("fake sleep=0.3"), total_steps=3, name="x")
+        job_id = job.id
+    stranger = new_job()  # queued on the process-wide database: must stay untouched
+    # Steps long enough for several beats: a heartbeat on the wrong database fences the run.
+    assert runner.run_job(job_id, settings=other, enqueue=Sent()) == "succeeded"
+    with session_scope(other.database_url) as s:
+        done = s.get(Job, job_id)
+        assert (done.status, done.attempt) == (JobStatus.succeeded, 1)
+        assert sorted(m.step for m in s.query(Metric).filter_by(job_id=job_id)) == [1, 2, 3]
+    assert job_row(stranger).status == JobStatus.queued and job_row(job_id) is None
+    with session_scope(other.database_url) as s:
+        assert jobs.claim(s, job_id, "w", lease_seconds=0.01) is None  # finished: not claimable
+    assert runner.reap_and_requeue(Sent(), settings=other) == []

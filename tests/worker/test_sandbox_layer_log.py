@@ -5,9 +5,9 @@ from trainer.graders import sandbox_layer
 
 
 def test_worker_start_logs_the_sandbox_layer(caplog):
-    from worker import tasks
+    from worker import entrypoints
 
-    with caplog.at_level(logging.INFO, logger="worker.tasks"):
-        layer = tasks._log_sandbox_layer()
+    with caplog.at_level(logging.INFO, logger="worker.entrypoints"):
+        layer = entrypoints._log_sandbox_layer()
     assert layer == sandbox_layer()
     assert f"grader sandbox layer: {layer}" in caplog.text

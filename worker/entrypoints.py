@@ -1,4 +1,4 @@
-"""Celery tasks: thin wrappers over `worker.runner` (Celery's guide: logic outside the task).
+"""Celery's entry points: thin tasks over `worker.runner` (Celery's guide: logic outside the task).
 
 Both tasks take ids, never objects, and are idempotent: `brorl.run_job` claims with a
 compare-and-set, so a duplicate delivery does nothing; `brorl.reap` only touches jobs whose
@@ -13,7 +13,7 @@ import os
 from celery.signals import worker_init, worker_shutting_down
 
 from trainer.graders.sandbox.layer import layer_status
-from worker import runner
+from worker import lease, runner
 from store.settings import get_settings
 from worker.celery_app import REAP_TASK, RUN_JOB_TASK, app, enqueue_job
 
@@ -38,7 +38,7 @@ def _stop_running_job(**_: object) -> None:
     # job runs, so it stops at its next step. Prefork children keep going until Celery's
     # warm shutdown finishes them or the stop grace period kills them; either way the lease
     # and the reaper recover the job.
-    runner.request_shutdown()
+    lease.request_shutdown()
 
 
 @worker_init.connect
