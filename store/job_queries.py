@@ -13,6 +13,7 @@ from sqlalchemy import Connection, Select, Text, and_, bindparam, cast, func, or
 from sqlalchemy.orm import Session
 
 from store.tables import Checkpoint, Job, JobEvent, JobKind, JobSample, JobStatus, Metric
+from trainer.spec import LimitsSpec
 
 # Every read of a job overwrites the session's copy: the state machine's compare-and-set
 # UPDATEs bypass loaded objects, and a long-lived session (expire_on_commit=False) must never
@@ -37,6 +38,18 @@ def spec_gpus(spec: Any) -> int:
     resources = spec.get("resources") if isinstance(spec, dict) else None
     value = resources.get("gpus_per_node") if isinstance(resources, dict) else None
     return int(value) if value else 1
+
+
+# Specs stored without limits (older rows) get the spec's own default.
+DEFAULT_MAX_ATTEMPTS = LimitsSpec.model_fields["max_attempts"].default
+
+
+def spec_max_attempts(spec: Any) -> int:
+    """`limits.max_attempts` of a stored spec (the default when absent). The store reads a
+    stored spec only here and in `spec_gpus`: two numbers its state machine needs."""
+    limits = spec.get("limits") if isinstance(spec, dict) else None
+    value = limits.get("max_attempts") if isinstance(limits, dict) else None
+    return int(value) if value else DEFAULT_MAX_ATTEMPTS
 
 
 def job_gpus(s: Session, job_ids: list[str]) -> dict[str, int]:

@@ -39,6 +39,7 @@ from store.job_queries import (  # re-exported: store.jobs is the one entry poin
     list_metrics,
     list_samples,
     metric_page_raw,
+    spec_max_attempts,
 )
 from store.tables import (
     TERMINAL_STATUSES,
@@ -63,7 +64,6 @@ __all__ = [
     "retry_or_fail", "spec_hash",
 ]
 
-DEFAULT_MAX_ATTEMPTS = 3
 # The compare-and-set UPDATEs below don't touch Job objects already loaded in the session;
 # the reads in job_queries overwrite the session's copy instead (populate_existing).
 _NO_SYNC = {"synchronize_session": False}
@@ -435,19 +435,13 @@ def retry_or_fail(s: Session, job_id: str, attempt: int, error: str) -> bool:
         finish(s, job_id, attempt, JobStatus.cancelled, data={"reason": error})
         return False
     spec = s.scalar(select(Job.spec).where(Job.id == job_id))
-    if attempt >= _max_attempts(spec):
+    if attempt >= spec_max_attempts(spec):
         finish(s, job_id, attempt, JobStatus.failed, error=error)
         return False
     _fenced_update(s, job_id, attempt, status=JobStatus.queued, lease_owner=None,
                    lease_expires_at=None)
     _event(s, job_id, EventType.retried, attempt=attempt, reason="machine fault", error=error)
     return True
-
-
-def _max_attempts(spec: dict[str, Any]) -> int:
-    limits = spec.get("limits") if isinstance(spec, dict) else None
-    value = limits.get("max_attempts") if isinstance(limits, dict) else None
-    return int(value) if value else DEFAULT_MAX_ATTEMPTS
 
 
 def stale_queued(s: Session, older_than_seconds: float, now: datetime | None = None) -> list[str]:
@@ -510,7 +504,7 @@ def _reap_one(s: Session, job_id: str, clock: Any) -> EventType | str | None:
     if cancel_requested:
         values, event, data = ({"status": JobStatus.cancelled, "finished_at": now},
                                EventType.cancelled, {"reason": "lease expired"})
-    elif attempt < _max_attempts(spec):
+    elif attempt < spec_max_attempts(spec):
         values, event, data = ({"status": JobStatus.queued}, EventType.retried,
                                {"reason": "lease expired"})
     else:

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from store import jobs
 from store.tables import Job, JobKind
-from trainer.probe_spec import CheckpointRef, ProbeSpec, base_job_spec
-from trainer.spec import FieldError, JobSpec, spec_errors
+from trainer.probe_spec import CheckpointRef, ProbeSpec, base_job_spec, job_spec_of_checkpoint
+from trainer.spec import FieldError, JobSpec
 
 
 @dataclass(frozen=True)
@@ -47,20 +46,9 @@ def resolve(s: Session, tenant_id: int, probe: ProbeSpec) -> Resolved:
         steps = [c.step for c in jobs.list_checkpoints(s, tenant_id, ref.job)]
         raise FieldError("model.step", f"job {ref.job} has no checkpoint at step {ref.step} "
                          f"(it has {steps or 'none'})")
-    spec = JobSpec.model_validate(job.spec).model_dump(mode="json")
-    if probe.task is not None:
-        spec["task"] = probe.task.model_dump(mode="json")
-    spec["rollout"].update({"max_new_tokens": probe.max_new_tokens, "temperature": probe.temperature,
-                            "top_p": probe.top_p, "engine": probe.engine})
-    spec["seed"] = probe.seed
-    try:
-        base = JobSpec.model_validate(spec)
-    except ValidationError as exc:  # the probe's sampling does not suit the job's model
-        err = spec_errors(exc)[0]
-        field = err["field"].removeprefix("rollout.")
-        raise FieldError(field if field in ProbeSpec.model_fields else "model.job", err["message"]) from None
+    base = job_spec_of_checkpoint(probe, job.spec)
     filled = probe.model_copy(update={"task": base.task})
-    return Resolved(filled, base, Path(ckpt.uri.removeprefix("file://")))
+    return Resolved(filled, base, Path(ckpt.uri))  # a checkpoint's uri is its folder
 
 
 def create_probe(s: Session, tenant_id: int, probe: ProbeSpec,

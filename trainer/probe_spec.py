@@ -8,9 +8,9 @@ checkpoint of one of the tenant's jobs (`{job, step}`), whose task is then the d
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from trainer.spec import (
     TINY_MIN_NEW_TOKENS,
@@ -21,6 +21,7 @@ from trainer.spec import (
     ModelSpec,
     TaskSpec,
     _Frozen,
+    spec_errors,
 )
 
 PROBE_MAX_N = 4096
@@ -76,3 +77,21 @@ def base_job_spec(probe: ProbeSpec, model: ModelSpec | None = None, task: TaskSp
     return JobSpec(name=name, seed=probe.seed, model=model, task=task,
                    rollout={"max_new_tokens": probe.max_new_tokens, "temperature": probe.temperature,
                             "top_p": probe.top_p, "engine": probe.engine})
+
+
+def job_spec_of_checkpoint(probe: ProbeSpec, job_spec: dict[str, Any]) -> JobSpec:
+    """The job spec a probe of a job's checkpoint stands for: the job's (as stored), with the
+    probe's task when it names one, its sampling and its seed. FieldError naming the probe's
+    field (or `model.job`) when the probe's sampling does not suit the job's model."""
+    spec = JobSpec.model_validate(job_spec).model_dump(mode="json")
+    if probe.task is not None:
+        spec["task"] = probe.task.model_dump(mode="json")
+    spec["rollout"].update({"max_new_tokens": probe.max_new_tokens, "temperature": probe.temperature,
+                            "top_p": probe.top_p, "engine": probe.engine})
+    spec["seed"] = probe.seed
+    try:
+        return JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        err = spec_errors(exc)[0]
+        field = err["field"].removeprefix("rollout.")
+        raise FieldError(field if field in ProbeSpec.model_fields else "model.job", err["message"]) from None
