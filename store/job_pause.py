@@ -6,7 +6,7 @@ heartbeat, stops as it does for a cancel (within the current step, which a resum
 or between two, when the trainer saves a checkpoint on its way out) and writes `paused`
 with its lease released (`pause_attempt`). Resuming moves a paused job back to queued; the
 caller commits and enqueues it, and the next claim resumes from the job's latest checkpoint
-(worker.runner's `_resume_dir`), as a retried job does.
+(`worker.training_job`), as a retried job does.
 Every transition is a compare-and-set, as in store.jobs, and the same functions serve the
 native routes and the OpenAI-shaped ones.
 """

@@ -5,7 +5,7 @@ Without this, a spec could name any path on the worker (and learn which exist fr
 messages) or make workers download anything from the hub. Roots come from
 `BRORL_MODEL_ROOTS` (os.pathsep-separated), hub ids need `BRORL_ALLOW_HUB_MODELS=true`.
 The API checks at submission (a 422 on `model.path`, `api.routes.jobs`); the worker checks again before it
-loads the model (`worker.runner`), because a stored spec or changed roots must not bypass it.
+loads the model (`worker.training_job`, `worker.probe_job`), because a stored spec or changed roots must not bypass it.
 """
 
 from __future__ import annotations

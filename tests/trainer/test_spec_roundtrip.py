@@ -2,7 +2,7 @@
 
 The API validates a job spec, stores `spec.model_dump(mode="json")` (every default written
 out) in a JSON column, and the worker re-validates that stored dict (`JobSpec.model_validate`
-in worker/runner.py); a probe's spec goes the same way. A validator that looks at which
+in worker/training_job.py); a probe's spec goes the same way. A validator that looks at which
 fields were *set* (pydantic's `model_fields_set`) sees the stored defaults as set and may
 refuse what the API accepted: an uploaded dataset + grader job was accepted with a 201 and
 then failed at the worker. Here hypothesis draws specs over the whole spec space,
