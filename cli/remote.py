@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 from rich.table import Table
 
@@ -45,16 +45,24 @@ def local_key_path(data_dir: Path | None = None) -> Path:
     return Path(data_dir).expanduser() / LOCAL_KEY_FILE
 
 
+class ClientSettings(BaseSettings):
+    """What the CLI reads of its environment to reach a server (pydantic-settings, like the
+    service's and the trainer's settings)."""
+
+    model_config = SettingsConfigDict(env_prefix="BRORL_", extra="ignore")
+    api_key: str = ""
+    url: str = DEFAULT_URL
+
+
 def resolve_api_key() -> str | None:
-    key = os.environ.get("BRORL_API_KEY")
-    if key:
+    if key := ClientSettings().api_key:
         return key
     path = local_key_path()
     return path.read_text().strip() if path.is_file() else None
 
 
 def make_client(url: str | None = None, api_key: str | None = None) -> BrorlClient:
-    return BrorlClient(url or os.environ.get("BRORL_URL", DEFAULT_URL),
+    return BrorlClient(url or ClientSettings().url,
                        api_key or resolve_api_key(), timeout=60.0)
 
 

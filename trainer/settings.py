@@ -22,6 +22,8 @@ class TrainerSettings(BaseSettings):
     cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "brorl",
                             description="where builtin:tiny and other built models are cached")
     rank_stop_grace_s: float = Field(120.0, gt=0, description="seconds ranks get to stop before a kill")
+    task_build_timeout_s: float = Field(600.0, gt=0, description="time a task's dataset may take to build")
+    task_build_memory_mb: int = Field(8192, ge=64, description="memory a task's build may add")
     launcher: str = Field("local", description="what starts a many-rank job's ranks (trainer.distributed.launchers)")
 
     @field_validator("launcher")

@@ -11,7 +11,6 @@ from reasoning_gym.factory import DATASETS
 from trainer import tasks
 from trainer.spec import ReasoningGymTask, TaskSpec
 from trainer.stop import StopRequested
-from trainer.tasks import isolated
 from trainer.tasks.config_limits import ConfigProblem, check_config, field_cap
 from trainer.tasks.isolated import TaskBuildError, hardest_variant, run_isolated
 
@@ -50,7 +49,7 @@ def _slow_spec() -> TaskSpec:
 
 
 def test_a_build_past_its_time_limit_fails_with_a_clear_error(monkeypatch):
-    monkeypatch.setattr(isolated, "BUILD_TIMEOUT_S", 2.0)
+    monkeypatch.setenv("BRORL_TASK_BUILD_TIMEOUT_S", "2")
     start = time.monotonic()
     with pytest.raises(TaskBuildError, match="futoshiki took longer than 2 s"):
         tasks.build_task(_slow_spec(), seed=0)

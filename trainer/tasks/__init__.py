@@ -34,13 +34,15 @@ def build_task_here(task_spec: TaskSpec, seed: int, dataset_path: Path | None = 
 def build_task(task_spec: TaskSpec, seed: int, dataset_path: Path | None = None,
                stop_check: Callable[[], None] | None = None) -> Task:
     """`build_task_here` in a child process with the time and memory limits of
-    `trainer.tasks.isolated` (BRORL_TASK_BUILD_TIMEOUT_S, BRORL_TASK_BUILD_MEMORY_MB);
+    `trainer.settings` (BRORL_TASK_BUILD_TIMEOUT_S, BRORL_TASK_BUILD_MEMORY_MB);
     `stop_check` is polled while it works and a stop kills the child."""
+    from trainer.settings import trainer_settings
     from trainer.tasks import isolated
 
+    limits = trainer_settings()
     what = (f"building reasoning-gym task {task_spec.reasoning_gym.name}"
             if task_spec.reasoning_gym else f"building dataset task {task_spec.dataset.id}")
     return isolated.run_isolated(
         build_task_here, (task_spec, seed, dataset_path), what=what,
-        timeout_s=isolated.BUILD_TIMEOUT_S, memory_mb=isolated.BUILD_MEMORY_MB,
+        timeout_s=limits.task_build_timeout_s, memory_mb=limits.task_build_memory_mb,
         stop_check=stop_check)

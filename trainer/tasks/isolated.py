@@ -24,8 +24,6 @@ import os
 import resource
 from typing import Any, Callable
 
-BUILD_TIMEOUT_S = float(os.environ.get("BRORL_TASK_BUILD_TIMEOUT_S", "600"))
-BUILD_MEMORY_MB = int(os.environ.get("BRORL_TASK_BUILD_MEMORY_MB", "8192"))
 # What a child needs, loaded once in the fork server: a function the child runs must live in
 # one of these modules (a function from the API's modules would make each child import
 # FastAPI and SQLAlchemy first, seconds on a busy machine). "__main__" is multiprocessing's own
