@@ -3,8 +3,8 @@
 
 Each rank holds a 12 M-parameter Qwen2 (8 layers, hidden 384), sharded with the trainer's own
 `shard_policy`, and its share of a batch (4 groups x 16 samples, responses of 8..48 tokens),
-and runs `trainer.step.update` (1 mini-batch, `--micro-batch-tokens` per micro-batch: about
-`--micro` micro-batches per rank). The "every" arm forces FSDP2 to sync in every backward,
+and runs `trainer.step.train_on_batch` (1 mini-batch, `--micro-batch-tokens` per
+micro-batch: about `--micro` micro-batches per rank). The "every" arm forces FSDP2 to sync in every backward,
 which is what the update did before. Arms alternate `--repeats` times in the same processes,
 so both see the same machine load; the median update seconds (rank 0's clock, both ranks
 finish together) and the number of gradient reductions per update go to

@@ -2,7 +2,7 @@
 
 `build_run` resolves the model (an HF folder, a hub id, or `builtin:tiny`), loads policy and
 reference, creates the optimizer, the rollout engine, the scorer and the prompt stream, and
-restores the trainer state when resuming. `trainer.loop.train` then only runs steps.
+restores the trainer state when resuming. `trainer.loop.train_in_process` then only runs steps.
 """
 from __future__ import annotations
 

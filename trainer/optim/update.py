@@ -454,7 +454,8 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     mini-batch loss itself) and `grad_norm` (the global norm before clipping).
 
     `old_logp` None means old = current (detached): only right for the first mini-batch of
-    a step, before any optimizer step (`trainer.step.update` passes None when there is one).
+    a step, before any optimizer step (`trainer.step.train_on_batch` passes None when there is
+    one).
 
     A mini-batch whose loss or gradient norm is not finite is not applied (the weights and the
     optimizer state stay as they were); `skipped` = 1 says so and the caller counts them.
