@@ -35,6 +35,7 @@ NOT_OURS: dict[str, str] = {
     "trainer_state/": "a folder inside each checkpoint of a job's artifacts",
     "OUT/": "`brorl train`'s output folder, named by the user on the command line",
     "vllm/": "vLLM's own source tree (an installed package)",
+    ".venv/": "the virtual environment `make install` creates",
 }
 
 # A path with at least one folder and a known suffix, not inside a URL or an absolute path.
