@@ -85,9 +85,9 @@ def test_vllm_sync_then_greedy_matches_hf(tiny, vllm_engine):
     model = perturbed(tiny[0], seed=1)
     # The engine holds other weights (the untrained model's, or another test's copy) until the
     # sync; afterwards its log-probs are the policy's.
-    assert vllm_engine.probe_diff(model) > 1e-2
+    assert vllm_engine.sync_check_diff(model) > 1e-2
     vllm_engine.sync_weights(model)
-    assert vllm_engine.probe_diff(model) < 1e-3
+    assert vllm_engine.sync_check_diff(model) < 1e-3
     sampling = SamplingConfig(n=1, max_new_tokens=12, temperature=0.0)
     got = vllm_engine.generate(PROMPTS, sampling, ignore_eos=True)
     want = HFEngine(model, EOS).generate(PROMPTS, sampling, ignore_eos=True)

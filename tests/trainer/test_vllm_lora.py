@@ -1,6 +1,6 @@
 """vLLM's own LoRA support on its CPU engine: the base loaded once, each sync sends only the
 adapter (a new LoRARequest per weight version) and the engine's log-probs match the trainer's
-PeftModel, for the probe and for sampled tokens."""
+PeftModel, for the sync check's tokens and for sampled tokens."""
 import pytest
 import torch
 
@@ -37,15 +37,15 @@ def test_vllm_serves_each_adapter_version_with_the_trainers_logprobs(tmp_path):
             assert engine.sync_weights(model) >= 0 and engine.version == version
             sent = {p.name for p in (engine.adapters / f"v{version}").iterdir()}
             assert "adapter_model.safetensors" in sent and "model.safetensors" not in sent  # adapter only
-            assert engine.probe_diff(model) < 1e-4
+            assert engine.sync_check_diff(model) < 1e-4
             with model.disable_adapter():  # the adapter matters: the base alone is far off
-                assert engine.probe_diff(model) > 1e-2
+                assert engine.sync_check_diff(model) > 1e-2
         prompts = [[5, 6, 7, 8], [9, 10, 11]]
         gen = engine.generate(prompts, SamplingConfig(n=4, max_new_tokens=8, seed=1), ignore_eos=True)
         mine = sequence_logprobs(model, [prompts[i] for i in gen.prompt_index], gen.token_ids, 1.0, 4096)
         diff = max(float((torch.tensor(e) - m).abs().max()) for e, m in zip(gen.logprobs, mine))
         assert diff < 1e-3, diff
-        assert trainer_token_logprobs(model, engine.probe).numel() == len(engine.probe) - 1
+        assert trainer_token_logprobs(model, engine.sync_check).numel() == len(engine.sync_check) - 1
     finally:
         engine.close()
 

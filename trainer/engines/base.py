@@ -44,10 +44,10 @@ class RolloutEngine(Protocol):
         ...
 
 
-def probe_tokens(vocab_size: int, length: int = 48, seed: int = 1234) -> list[int]:
+def sync_check_tokens(vocab_size: int, length: int = 48, seed: int = 1234) -> list[int]:
     """A fixed pseudo-random token sequence used to compare engine and trainer log-probs.
 
-    Random ids (not text) so that every run probes many different embedding rows and the
+    Random ids (not text) so that every check reads many different embedding rows and the
     check does not depend on a tokenizer.
     """
     g = torch.Generator().manual_seed(seed)
@@ -73,7 +73,7 @@ def trainer_token_logprobs(model: torch.nn.Module, ids: list[int]) -> torch.Tens
 
 
 def logprob_tolerance(dtype: torch.dtype | str) -> float:
-    """Max |engine - trainer| log-prob allowed on the probe after a sync.
+    """Max |engine - trainer| log-prob allowed on the sync check's tokens after a sync.
 
     float32: different kernels (vLLM's fused CPU/GPU ops vs HF eager) agree to ~1e-5..1e-4
     (5e-5 measured on this CPU); 1e-3 leaves room. bfloat16 keeps ~3 significant digits and

