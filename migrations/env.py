@@ -13,7 +13,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from store.db import make_engine, normalize_url
-from store.models import Base
+from store.tables import Base
 from store.settings import get_settings
 
 config = context.config
