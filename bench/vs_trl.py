@@ -109,7 +109,7 @@ def child_prep(cfg: dict) -> None:
             run.close()
     big = cache_dir() / "models" / "bench-24m-seed0"
     if not (big / "config.json").exists():
-        build_tiny_model(big, seed=0, sft_pairs=[], score_fn=None, probe_prompts=[], size="25m")
+        build_tiny_model(big, seed=0, sft_pairs=[], score_fn=None, holdout_prompts=[], size="25m")
     dirs["24m"] = str(big)
     if "v150k" in need:
         wide = cache_dir() / "models" / f"bench-24m-v{V150K}-seed0"

@@ -91,7 +91,7 @@ def cache_dir() -> Path:
 def tiny_model_key(spec: JobSpec) -> str:
     """Cache key of the builtin:tiny model for this spec: its task and seed (and the build's
     version, bumped whenever the warm start changes so stale cached models are not reused;
-    v3: the stopping probe moved from the eval split to a validation slice of train). The
+    v3: the stopping hold-out moved from the eval split to a validation slice of train). The
     job's reward (grader, binary or score) is left out: the warm start learns the task's
     answers and stops on its built-in verifier's `correct`, whatever the job's reward
     (`_warm_started`)."""
@@ -100,31 +100,31 @@ def tiny_model_key(spec: JobSpec) -> str:
     return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
 
 
-WARM_PROBE_SIZE = 64
+WARM_HOLDOUT_SIZE = 64
 REWARD_FIELDS = {"reward", "grader", "grader_error_fraction", "grader_error_steps"}
 
 
-def warm_start_probe(task: Task, size: int = WARM_PROBE_SIZE) -> list:
+def warm_start_holdout(task: Task, size: int = WARM_HOLDOUT_SIZE) -> list:
     """The examples the tiny warm start stops on: distinct training questions, none of them
     an eval question, in the (seeded) training order.
 
-    Stopping and the in-band restore select a model by this probe's pass rate; probing the
-    eval split made the step-0 eval a selected (biased) figure. The SFT still fits every
-    training pair: the probe only decides how far it goes, as the RL trains on them all too.
+    Stopping and the in-band restore select a model by this hold-out's pass rate; stopping on
+    the eval split made the step-0 eval a selected (biased) figure. The SFT still fits every
+    training pair: the hold-out only decides how far it goes, as the RL trains on them all too.
     """
     eval_questions = {ex.question for ex in task.eval}
-    probe, seen = [], set()
+    holdout, seen = [], set()
     for ex in task.train:
         if ex.question not in eval_questions and ex.question not in seen:
             seen.add(ex.question)
-            probe.append(ex)
-            if len(probe) == size:
+            holdout.append(ex)
+            if len(holdout) == size:
                 break
-    if not probe:
+    if not holdout:
         raise ValueError(f"task {task.name}: every training question is also an eval question, "
                          "so builtin:tiny's warm start has nothing to stop on; raise train_size "
                          "or set eval_disjoint")
-    return probe
+    return holdout
 
 
 def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Callable[[], None],
@@ -136,16 +136,16 @@ def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Calla
     key = tiny_model_key(spec)
     template = spec.task.prompt_template
     pairs = [(render_example(ex, template), target_completion(ex.answer)) for ex in task.train]
-    probe = warm_start_probe(task)
-    probe_prompts = [render_example(ex, template) for ex in probe]
-    by_prompt = dict(zip(probe_prompts, probe))
+    holdout = warm_start_holdout(task)
+    holdout_prompts = [render_example(ex, template) for ex in holdout]
+    by_prompt = dict(zip(holdout_prompts, holdout))
 
     def score_fn(prompts: list[str], completions: list[str]) -> list[bool]:
         exs = [by_prompt[p] for p in prompts]
         return scorer.score(completions, exs, [False] * len(exs)).correct
 
     return ensure_tiny_model(cache_dir() / "models", key, seed=spec.seed, sft_pairs=pairs,
-                             score_fn=score_fn, probe_prompts=probe_prompts, stop_check=stop_check, **build)
+                             score_fn=score_fn, holdout_prompts=holdout_prompts, stop_check=stop_check, **build)
 
 
 def prepare_tiny_model(spec: JobSpec, dataset_path: Path | None, stop_check: Callable[[], None] = never,

@@ -23,7 +23,7 @@ def digest(folder) -> str:
 
 def small_build(folder, seed):
     return build_tiny_model(folder, seed=seed, sft_pairs=PAIRS, score_fn=never,
-                            probe_prompts=[p for p, _ in PAIRS[:4]], max_sft_steps=3)
+                            holdout_prompts=[p for p, _ in PAIRS[:4]], max_sft_steps=3)
 
 
 def test_build_is_deterministic_from_seed(tmp_path):
@@ -60,7 +60,7 @@ def test_folder_loads_in_transformers(tmp_path):
 
 def test_ensure_caches_by_key(tmp_path, monkeypatch):
     first = ensure_tiny_model(tmp_path, "k1", seed=0, sft_pairs=PAIRS, score_fn=never,
-                              probe_prompts=[PAIRS[0][0]], max_sft_steps=2)
+                              holdout_prompts=[PAIRS[0][0]], max_sft_steps=2)
     monkeypatch.setattr(tiny_model, "build_tiny_model", lambda *a, **k: pytest.fail("rebuilt"))
     assert ensure_tiny_model(tmp_path, "k1") == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-k1"]  # no temp folder left
@@ -102,7 +102,7 @@ def scripted(rates: list[float]):
 def warm(model, score_fn, **kw):
     prompts = [p for p, _ in PAIRS[:10]]
     return tiny_model.warm_start(model, seed=0, sft_pairs=PAIRS, score_fn=score_fn,
-                                 probe_prompts=prompts, eval_every=1, batch_size=4, **kw)
+                                 holdout_prompts=prompts, eval_every=1, batch_size=4, **kw)
 
 
 def test_warm_start_stops_once_the_aim_is_reached():
@@ -171,7 +171,7 @@ def test_progress_between_evaluations_is_throttled(monkeypatch):
     model, _ = tiny_model.build_untrained(0)
     calls: list[int] = []
     tiny_model.warm_start(model, seed=0, sft_pairs=PAIRS, score_fn=scripted([0.0]),
-                          probe_prompts=[p for p, _ in PAIRS[:10]], eval_every=4, batch_size=4,
+                          holdout_prompts=[p for p, _ in PAIRS[:10]], eval_every=4, batch_size=4,
                           max_steps=4, on_progress=lambda done, total, msg: calls.append(done))
     assert calls == [0, 4, 4]  # start, the one evaluation, the end
 
@@ -186,7 +186,7 @@ def _warm_start_inputs(spec_task: dict, monkeypatch, tmp_path) -> tuple[dict, ob
     from trainer.tasks import build_task
     from trainer.stop import never as no_stop
 
-    spec = JobSpec.model_validate({"name": "probe", "task": spec_task})
+    spec = JobSpec.model_validate({"name": "holdout", "task": spec_task})
     task = build_task(spec.task, spec.seed, None)
     seen: dict = {}
     monkeypatch.setattr(tiny_model, "ensure_tiny_model", lambda cache, key, **kw: seen.update(kw) or tmp_path)
@@ -196,7 +196,7 @@ def _warm_start_inputs(spec_task: dict, monkeypatch, tmp_path) -> tuple[dict, ob
 
 
 def test_warm_start_never_stops_on_eval_questions(monkeypatch, tmp_path):
-    # The demo's closed space (200 questions, eval sampled from it too): the probe that stops
+    # The demo's closed space (200 questions, eval sampled from it too): the hold-out that stops
     # and selects the warm start must still hold no eval question.
     from trainer.tasks.prompts import render_prompt
 
@@ -206,9 +206,9 @@ def test_warm_start_never_stops_on_eval_questions(monkeypatch, tmp_path):
     seen, task = _warm_start_inputs(demo, monkeypatch, tmp_path)
     eval_prompts = {render_prompt(ex.question, None) for ex in task.eval}
     train_prompts = {render_prompt(ex.question, None) for ex in task.train}
-    probe = seen["probe_prompts"]
-    assert len(probe) == len(set(probe)) == 64
-    assert not set(probe) & eval_prompts and set(probe) <= train_prompts
+    holdout = seen["holdout_prompts"]
+    assert len(holdout) == len(set(holdout)) == 64
+    assert not set(holdout) & eval_prompts and set(holdout) <= train_prompts
 
 
 def test_warm_start_of_a_disjoint_task_sees_no_eval_question_at_all(monkeypatch, tmp_path):
@@ -218,18 +218,18 @@ def test_warm_start_of_a_disjoint_task_sees_no_eval_question_at_all(monkeypatch,
                                   "config": {"min_terms": 2, "max_terms": 2, "max_digits": 2}}}
     seen, task = _warm_start_inputs(disjoint, monkeypatch, tmp_path)
     eval_prompts = {render_prompt(ex.question, None) for ex in task.eval}
-    used = set(seen["probe_prompts"]) | {p for p, _ in seen["sft_pairs"]}
+    used = set(seen["holdout_prompts"]) | {p for p, _ in seen["sft_pairs"]}
     assert len(used) > 64 and not used & eval_prompts
 
 
-def test_warm_start_probe_refuses_a_task_with_only_eval_questions():
-    from trainer.run import warm_start_probe
+def test_warm_start_holdout_refuses_a_task_with_only_eval_questions():
+    from trainer.run import warm_start_holdout
     from trainer.tasks.base import Example, Task, VerifierSpec
 
     same = [Example("1 + 1", "2")]
     task = Task(name="t", train=same, eval=same, verifier_spec=VerifierSpec.of("exact"))
     with pytest.raises(ValueError, match="every training question is also an eval question"):
-        warm_start_probe(task)
+        warm_start_holdout(task)
 
 
 def test_cache_key_follows_the_task_and_seed_not_the_job_s_reward():

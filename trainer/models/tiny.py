@@ -4,7 +4,7 @@ Nothing can be fetched from a model hub on the workers, yet demos and tests need
 already gets *some* answers right (RL learns nothing from all-wrong groups). So the model is
 built here from a config, deterministically from the seed, and warm-started with a short
 supervised pass on the job's own training examples until its sampled pass@1 (temperature 1)
-on probe prompts (training questions that are not eval questions: `trainer.run.warm_start_probe`)
+on hold-out prompts (training questions that are not eval questions: `trainer.run.warm_start_holdout`)
 lands in a target band. The result is saved as an ordinary HF folder
 (config, safetensors, tokenizer, generation config) that transformers and vLLM load unchanged,
 and cached by a key the caller derives from (task, config, seed).
@@ -209,9 +209,9 @@ _INV_VOCAB = {i: t for t, i in VOCAB.items()}
 
 
 def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: ScoreFn,
-               probe_prompts: list[str], target=(0.05, 0.60), aim: float = 0.45,
+               holdout_prompts: list[str], target=(0.05, 0.60), aim: float = 0.45,
                max_steps: int = 1200, max_sft_seconds: float | None = None, eval_every: int = 25,
-               batch_size: int = 64, lr: float = 2e-3,
+               batch_size: int = 64, lr: float = 2e-3, warmup_steps: int = 50,
                stop_check: Callable[[], None] | None = None,
                on_progress: ProgressFn | None = None) -> dict:
     """Supervised pass until sampled pass@1 >= `aim` (inside `target`), or a cap is hit.
@@ -229,9 +229,9 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
     # an earlier shortest-first curriculum covered ~25 % of the questions (pass@8 0.2) and RL
     # could not move it. On the harder chain_sum (2-3 terms, <= 2 digits) uniform draws got
     # into the band no later than that curriculum did.
-    # `aim` 0.45: the demo's build stopped earlier (step 275, probe 0.36) gained about half as
+    # `aim` 0.45: the demo's build stopped earlier (step 275, hold-out 0.36) gained about half as
     # much from the demo's RL (+0.06 vs +0.10 eval pass@1 in 25 steps, docs/results.md
-    # section 0); the probe is noisy (+-0.06), hence the margin to 0.60.
+    # section 0); the hold-out pass rate is noisy (+-0.06), hence the margin to 0.60.
     pairs = sorted(sft_pairs)  # canonical order: the draws depend on the seed, not on input order
     prefix = _shared_prefix(pairs)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
@@ -246,7 +246,7 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
         model.train()
         # Short linear warm-up; then constant: the pass is stopped early by the band anyway.
         for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / 50)
+            g["lr"] = lr * min(1.0, (step + 1) / warmup_steps)
         batch = _sft_batch(pairs, rng, batch_size, len(prefix))
         loss = _sft_loss(model, encode(prefix), *batch)
         opt.zero_grad(set_to_none=True)
@@ -257,7 +257,7 @@ def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: 
         if step % eval_every:
             report(step, f"warm start: step {step}, loss {loss.item():.3f}")
             continue
-        rate = sampled_pass_rate(model, probe_prompts, score_fn, seed=seed + step,
+        rate = sampled_pass_rate(model, holdout_prompts, score_fn, seed=seed + step,
                                  max_new_tokens=max_new)
         history.append((step, round(loss.item(), 4), rate))
         log.info("tiny warm start: step %d loss %.3f pass@1 %.3f", step, loss.item(), rate)
@@ -296,7 +296,7 @@ def _throttled(on_progress: ProgressFn | None, total: int):
 
 
 def build_tiny_model(out_dir: Path, *, seed: int, sft_pairs: list[tuple[str, str]],
-                     score_fn: ScoreFn, probe_prompts: list[str], target=(0.05, 0.60),
+                     score_fn: ScoreFn, holdout_prompts: list[str], target=(0.05, 0.60),
                      aim: float = 0.45, max_sft_steps: int = 1200,
                      max_sft_seconds: float | None = None, size: str = "tiny",
                      stop_check: Callable[[], None] | None = None,
@@ -314,7 +314,7 @@ def build_tiny_model(out_dir: Path, *, seed: int, sft_pairs: list[tuple[str, str
     report = None
     if sft_pairs:
         report = warm_start(model, seed=seed, sft_pairs=sft_pairs, score_fn=score_fn,
-                            probe_prompts=probe_prompts, target=target, aim=aim,
+                            holdout_prompts=holdout_prompts, target=target, aim=aim,
                             max_sft_seconds=max_sft_seconds, max_steps=max_sft_steps,
                             stop_check=stop_check, on_progress=on_progress)
     save_folder(model, tokenizer, out_dir)
