@@ -62,7 +62,8 @@ def test_access_log_redacts_query_strings(app, caplog):
 def test_hub_ids_are_anchored_at_the_very_end(settings, path):
     hub = settings.model_copy(update={"allow_hub_models": True})
     assert model_path_problem("org/model", hub) is None
-    assert model_path_problem(path, hub) is not None, path
+    assert model_path_problem(path, hub) == \
+        f"{path!r} is neither builtin:tiny, an absolute folder path nor a model hub id"
 
 
 def test_a_hub_id_with_a_newline_is_422(settings, enqueued, auth):

@@ -63,7 +63,7 @@ def test_tenant_scoping(session: Session, tenant: Tenant) -> None:
     other = create_tenant(session, "other")
     session.commit()
     assert jobs.get_job(session, other.id, job.id) is None
-    assert jobs.get_job_unscoped(session, job.id) is not None
+    assert jobs.get_job_unscoped(session, job.id).tenant_id == tenant.id
     assert jobs.list_jobs(session, other.id) == ([], False)
     assert jobs.list_events(session, other.id, job.id) == []
     with pytest.raises(NotFound):

@@ -2,6 +2,7 @@
 token ids kept, samples lined up with their prompts' examples, the grader's detail, the stop
 check between generating and scoring; and, on builtin:tiny with the HF engine, the same
 samples a direct engine call draws."""
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -16,11 +17,12 @@ SAMPLING = SamplingConfig(n=3, max_new_tokens=4, seed=11)
 class FakeEngine:
     """Sample j of prompt p: tokens [p's first id, j]; the last sample of each prompt is cut."""
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self, seconds=0.0):
+        self.calls, self.seconds = [], seconds
 
     def generate(self, prompts, sampling):
         self.calls.append((prompts, sampling))
+        time.sleep(self.seconds)
         n = sampling.n
         return Generation(prompt_index=[p for p in range(len(prompts)) for _ in range(n)],
                           token_ids=[[prompt[0], j] for prompt in prompts for j in range(n)],
@@ -38,13 +40,14 @@ class FakeScorer:
     """Correct when the sample's second token equals the example's answer; a grader's detail
     (`last_results`, `sub_reward_keys`) when `grader` is set."""
 
-    def __init__(self, grader=False):
+    def __init__(self, grader=False, seconds=0.0):
         self.seen = []
         self.sub_reward_keys = ["fmt", "math"]
-        self.grader = grader
+        self.grader, self.seconds = grader, seconds
 
     def score(self, texts, examples, truncated):
         self.seen.append((texts, examples, truncated))
+        time.sleep(self.seconds)
         correct = [not cut and int(t.split()[1]) == ex.answer for t, ex, cut in zip(texts, examples, truncated)]
         if self.grader:
             self.last_results = [None if cut else SimpleNamespace(sub_rewards={"fmt": 1.0, "math": float(ok)})
@@ -58,7 +61,7 @@ def _examples(*answers):
 
 
 def test_samples_line_up_with_their_prompts_and_keep_the_engines_ids():
-    engine, scorer = FakeEngine(), FakeScorer()
+    engine, scorer = FakeEngine(seconds=0.05), FakeScorer(seconds=0.3)
     prompts = [[7, 1], [9, 1]]
     ep = generate_and_score(engine, Tokenizer(), scorer, prompts, _examples(1, 0), SAMPLING)
     assert len(engine.calls) == 1 and engine.calls[0] == (prompts, SAMPLING)  # one call for all prompts
@@ -74,7 +77,7 @@ def test_samples_line_up_with_their_prompts_and_keep_the_engines_ids():
     assert ep.timeouts == 1 and ep.grades == [] and ep.sub_rewards == {}
     assert ep.loss_mask is None  # single turn: every completion token is the model's
     assert ep.lengths() == [2] * 6 and ep.correct_counts(2) == [1, 1]
-    assert ep.gen_s >= 0 and ep.score_s >= 0
+    assert 0.05 <= ep.gen_s < 0.3 <= ep.score_s  # the engine's time and the scorer's, apart
 
 
 def test_to_rollouts_is_the_training_batch():
