@@ -40,10 +40,6 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_sessionmaker(request: Request) -> sessionmaker[Session]:
-    return request.app.state.sessionmaker
-
-
 def get_session(request: Request) -> Iterator[Session]:
     """One session per request; routes commit what they write, the rest is rolled back."""
     with request.app.state.sessionmaker() as session:
@@ -52,7 +48,6 @@ def get_session(request: Request) -> Iterator[Session]:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
-SessionMakerDep = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
 
 
 def _unauthorized(message: str) -> ApiError:

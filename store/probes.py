@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -60,9 +59,3 @@ def create_probe(s: Session, tenant_id: int, probe: ProbeSpec,
     return jobs.create_job(s, tenant_id, stored, total_steps=probe.n * probe.prompts,
                            name=f"probe {task} n={probe.n}", idempotency_key=idempotency_key,
                            kind=JobKind.probe)
-
-
-def probe_dataset_id(stored: dict[str, Any]) -> str | None:
-    """The dataset id a stored probe's task reads, if any (ownership is checked by the caller)."""
-    task = stored.get("task") or {}
-    return (task.get("dataset") or {}).get("id")

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from trainer.graders import grade_batch, run_grader, validate_grader
 from trainer.graders import formula, similarity, templates
-from trainer.graders.schemas import MAX_PYTHON_SOURCE_BYTES, check_dataset_fields, parse_grader
+from trainer.graders.schemas import MAX_PYTHON_SOURCE_BYTES, parse_grader
 from tests.support.services import bubblewrap_missing, needs_service, wordnet_missing
 
 needs_wordnet = needs_service("WordNet", wordnet_missing())
@@ -130,8 +130,6 @@ def test_validation_errors_name_the_field():
                       "calculate_output": "a + zz"})
     with pytest.raises(ValidationError, match="type"):
         parse_grader({"type": "endpoint", "name": "e"})
-    with pytest.raises(ValueError, match="item.answer.*row 1"):
-        check_dataset_fields(parse_grader(sc("eq")), [{"answer": 1}, {"question": 2}])
 
 
 def test_sample_parse_error_when_output_json_is_read_but_absent():

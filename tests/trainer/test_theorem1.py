@@ -8,12 +8,18 @@ import pytest
 import torch
 
 from trainer.sim.theory import (
-    batch_mood, expected_unsampled_second_moment, logit_step, mass_balance_dq, token_rewards,
+    batch_mood, logit_step, mass_balance_dq, token_rewards,
 )
 
 V = 20
 CORRECT = torch.zeros(V, dtype=torch.bool)
 CORRECT[:6] = True
+
+
+def expected_unsampled_second_moment(p: torch.Tensor, N: int) -> torch.Tensor:
+    """Lemma 2: E[p^2 1{unsampled in N i.i.d. draws}] = p^2 (1 - p)^N, per token."""
+    p = p.double()
+    return p.pow(2) * (1.0 - p).pow(N)
 
 
 def _observed_dq(z, correct, sampled, R_c, R_w, eta, N):

@@ -26,7 +26,6 @@ from trainer.graders import formula, templates
 MAX_PYTHON_SOURCE_BYTES = 256 * 1024
 MAX_MULTI_GRADERS = 16
 ROUGE_METRICS = tuple(f"rouge_{n}" for n in range(1, 6)) + ("rouge_l",)
-SIMILARITY_METRICS = ("fuzzy_match", "bleu", "gleu", "meteor", "cosine") + ROUGE_METRICS
 
 
 class _Grader(BaseModel):
@@ -280,9 +279,6 @@ class SamplingParams(BaseModel):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
                               "max"] | None = None
 
-    def token_limit(self) -> int | None:
-        return self.max_completions_tokens or self.max_tokens
-
 
 class _ModelGrader(_Grader):
     """An LLM judge; `model` names a judge the operator configured (never a URL)."""
@@ -390,12 +386,3 @@ def needs_sandbox(grader: _Grader) -> bool:
     if isinstance(grader, MultiGrader):
         return any(needs_sandbox(g) for g in grader.graders.values())
     return isinstance(grader, (PythonGrader, CodeGrader))
-
-
-def check_dataset_fields(grader: _Grader, rows: list[dict], where: str = "task.grader") -> None:
-    """ValueError naming the field when a template reads a field some dataset row lacks."""
-    for field in sorted(grader.item_fields()):
-        for index, row in enumerate(rows):
-            if field not in row:
-                raise ValueError(f"{where} reads item.{field}, but dataset row {index} has "
-                                 f"no field {field!r}")

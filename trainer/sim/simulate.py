@@ -46,8 +46,6 @@ import torch
 
 from trainer.sim.theory import logit_step, mass_balance_dq
 
-PAPER_INITIAL_Q_POS = 0.6296
-
 
 @dataclass(frozen=True)
 class SimConfig:

@@ -73,9 +73,3 @@ def mass_balance_dq(p: torch.Tensor, correct_mask: torch.Tensor, sampled_mask: t
     terms["total"] = sum(terms.values())
     terms.update(S_R=s_r, Q_pos=q_pos, A2=a2, B2=b2, U_pos2=u_pos2, U_neg2=u_neg2)
     return terms
-
-
-def expected_unsampled_second_moment(p: torch.Tensor, N: int) -> torch.Tensor:
-    """Lemma 2: E[p^2 1{unsampled in N i.i.d. draws}] = p^2 (1 - p)^N, per token."""
-    p = p.double()
-    return p.pow(2) * (1.0 - p).pow(N)
