@@ -39,17 +39,6 @@ def upgrade(url: str | None = None, rev: str = "head") -> None:
     command.upgrade(alembic_config(url), rev)
 
 
-def downgrade(url: str | None, rev: str) -> None:
-    """Take the database at `url` down to `rev` ("base" removes every table)."""
-    command.downgrade(alembic_config(url), rev)
-
-
-def revisions() -> list[str]:
-    """Every revision id, oldest first."""
-    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    return [r.revision for r in reversed(list(script.walk_revisions()))]
-
-
 def head() -> str:
     """The newest revision id."""
     head_rev = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
