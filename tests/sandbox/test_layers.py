@@ -87,7 +87,7 @@ def fresh_detection():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop happens for a root service")
+@needs_service("root", None if os.geteuid() == 0 else "the uid drop happens for a root service")
 def test_a_python_installation_the_sandbox_uid_cannot_reach_is_refused(
         fresh_detection, monkeypatch, tmp_path):
     """Where no layer can run tenant code without root, it is refused, and the reason (also
