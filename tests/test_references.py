@@ -36,12 +36,13 @@ NOT_OURS: dict[str, str] = {
     "OUT/": "`brorl train`'s output folder, named by the user on the command line",
     "vllm/": "vLLM's own source tree (an installed package)",
     ".venv/": "the virtual environment `make install` creates",
+    "worker.reload_weights": "a method of vLLM's worker object (trainer/engines/vllm_engine.py)",
 }
 
 # A path with at least one folder and a known suffix, not inside a URL or an absolute path.
 PATH = re.compile(r"(?<![\w./~:@$<{-])((?:[\w.-]+/)+[\w.-]+\.(?:%s))(?![\w/])" % "|".join(SUFFIXES))
 # A dotted name under one of our packages (module:attribute allowed, as entry points write it).
-DOTTED = re.compile(r"(?<![\w./-])((?:%s)(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?)(?![\w/(-])"
+DOTTED = re.compile(r"(?<![\w./-])((?:%s)(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?)(?![\w/-])"
                     % "|".join(PACKAGES))
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
