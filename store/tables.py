@@ -34,6 +34,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+# One definition of the event types, the trainer's (its values are the column's: no migration).
+from trainer.events import EventType  # noqa: F401  (re-exported: store, api and tests import it here)
+
 # Named constraints keep migrations identical on both backends and let SQLite's batch mode
 # (which recreates tables) find constraints by name on downgrade.
 NAMING_CONVENTION = {
@@ -140,26 +143,6 @@ class JobStatus(StrEnum):
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
-
-
-class EventType(StrEnum):
-    created = "created"
-    started = "started"
-    stage_started = "stage_started"
-    checkpoint_saved = "checkpoint_saved"
-    eval = "eval"
-    retried = "retried"
-    cancel_requested = "cancel_requested"
-    cancelled = "cancelled"
-    failed = "failed"
-    succeeded = "succeeded"
-    warning = "warning"      # the trainer says a job cannot learn (see trainer.loop.stall_reason)
-    broadened = "broadened"  # rollout.broaden started a wider stage on a plateau (trainer.loop)
-    progress = "progress"    # a probe's samples done of its total (worker.probe_runner)
-    broaden_skipped = "broaden_skipped"  # rollout.broaden trigger probe found too little to broaden for
-    pause_requested = "pause_requested"  # a running job stops as for a cancel, then `paused`
-    paused = "paused"
-    resumed = "resumed"    # a paused job queued again; the next attempt resumes its checkpoint
 
 
 def _str_enum(cls: type[StrEnum]) -> Enum:

@@ -2,8 +2,9 @@
 
 A sink gets one `metrics(step, values)` call per step, `samples(step, rows)` with the step's
 stored rollouts (`trainer.samples`), and `event(type, data)` calls at stage boundaries,
-evaluations and checkpoints. The worker supplies a database sink; the CLI a
-JSONL one; tests a list.
+evaluations, checkpoints and through long phases (`progress`). The worker supplies a database
+sink; the CLI a JSONL one; tests a list. `type` is a `trainer.events.EventType` (a plain
+string is checked against it): every sink raises `UnknownEventType` on any other.
 """
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainer.events import EventType, event_type
+
 
 class MetricsSink(Protocol):
     def metrics(self, step: int, values: dict[str, Any]) -> None: ...
-    def event(self, type: str, data: dict[str, Any]) -> None: ...
+    def event(self, type: EventType, data: dict[str, Any]) -> None: ...
     def checkpoint(self, step: int, path: Path, nbytes: int, sha256: str) -> None: ...
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
 
@@ -24,7 +27,7 @@ class ListSink:
 
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []
-        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.events: list[tuple[EventType, dict[str, Any]]] = []
         self.checkpoints: list[tuple[int, Path, int, str]] = []
         self.samples_by_step: dict[int, list[dict[str, Any]]] = {}
 
@@ -32,7 +35,7 @@ class ListSink:
         self.steps.append({"step": step, **values})
 
     def event(self, type, data):
-        self.events.append((type, data))
+        self.events.append((event_type(type), data))
 
     def checkpoint(self, step, path, nbytes, sha256):
         self.checkpoints.append((step, Path(path), nbytes, sha256))
@@ -54,10 +57,10 @@ class JsonlSink:
         self._metrics.write(json.dumps({"step": step, **values}) + "\n")
 
     def event(self, type, data):
-        self._events.write(json.dumps({"type": type, **data}) + "\n")
+        self._events.write(json.dumps({"type": event_type(type).value, **data}) + "\n")
 
     def checkpoint(self, step, path, nbytes, sha256):
-        self.event("checkpoint_saved", {"step": step, "path": str(path), "bytes": nbytes, "sha256": sha256})
+        self.event(EventType.checkpoint_saved, {"step": step, "path": str(path), "bytes": nbytes, "sha256": sha256})
 
     def samples(self, step, rows):
         for row in rows:
@@ -76,7 +79,7 @@ class RecordSink:
         self._write({"call": "metrics", "step": step, "values": values})
 
     def event(self, type, data):
-        self._write({"call": "event", "type": type, "data": data})
+        self._write({"call": "event", "type": event_type(type).value, "data": data})
 
     def checkpoint(self, step, path, nbytes, sha256):
         self._write({"call": "checkpoint", "step": step, "path": str(path), "nbytes": nbytes, "sha256": sha256})
@@ -95,7 +98,7 @@ class NullSink:
         pass
 
     def event(self, type, data):
-        pass
+        event_type(type)  # a rank's unknown type fails on that rank too, not only on rank 0
 
     def checkpoint(self, step, path, nbytes, sha256):
         pass

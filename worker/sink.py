@@ -32,11 +32,10 @@ from sqlalchemy.exc import OperationalError
 from store import jobs
 from store.db import session_scope
 from store.errors import Fenced
-from store.tables import EventType
 from trainer.checkpoints import format as ckpt_format
+from trainer.events import EventType, event_type
 
 log = logging.getLogger(__name__)
-_EVENT_TYPES = frozenset(t.value for t in EventType)
 
 
 class SinkBufferFull(RuntimeError):
@@ -167,13 +166,10 @@ class DbSink:
     def metrics(self, step: int, values: dict[str, Any]) -> None:
         self._append(jobs.record_metrics, self.attempt, int(step), _jsonable(values))
 
-    def event(self, type: str, data: dict[str, Any]) -> None:
-        if type not in _EVENT_TYPES:
-            # The events table holds a closed set of types (the API documents them); a
-            # trainer-only event is logged here rather than failing the whole run.
-            log.info("job %s: event %s %s (not stored: unknown type)", self.job_id, type, data)
-            return
-        self._append(jobs.add_event, type, _jsonable(data), attempt=self.attempt)
+    def event(self, type: EventType | str, data: dict[str, Any]) -> None:
+        # Raises UnknownEventType before anything is buffered: an event the API cannot list
+        # is a trainer bug to fix, not a row to drop.
+        self._append(jobs.add_event, event_type(type), _jsonable(data), attempt=self.attempt)
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         self._append(jobs.record_samples, self.attempt, int(step), [_jsonable(r) for r in rows],

@@ -11,6 +11,7 @@ import pytest
 from trainer.distributed import launch
 from trainer.distributed.launchers import LAUNCHERS, Launcher, Ranks, configured_launcher, launcher_named
 from trainer.distributed.local import LocalLauncher
+from trainer.events import EventType
 from trainer.settings import trainer_settings
 from trainer.sink import ListSink
 from trainer.spec import JobSpec, ResourcesSpec
@@ -70,7 +71,7 @@ class ProcessLauncher(Launcher):
             proc = subprocess.Popen([sys.executable, "-c", RANK, str(control.path), self.mode],
                                     stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         self.started.append(proc)
-        event("ranks_started", {"launcher": self.name})
+        event(EventType.progress, {"phase": "launch", "message": f"{self.name}: ranks started"})
         return _ProcessRanks(proc)
 
     def dead_rank(self, control, raised):
@@ -114,7 +115,8 @@ def test_a_second_launcher_plugs_in_result_relay_and_stop(tmp_path):
     sink, result = _train(tmp_path / "a", ProcessLauncher("finish"), on_step=lambda s, v: seen.append(s))
     assert (result.steps_completed, result.stopped, result.last_eval) == (1, False, {"eval/pass@1": 0.5})
     assert [r["step"] for r in sink.steps] == [1] and sink.steps[0]["name"] == "t" and seen == [1]
-    assert sink.events == [("ranks_started", {"launcher": "process"})]  # a launcher's own events reach the job
+    # A launcher's own events reach the job.
+    assert sink.events == [("progress", {"phase": "launch", "message": "process: ranks started"})]
     _, result = _train(tmp_path / "b", ProcessLauncher("wait"), should_stop=lambda: True)
     assert result.stopped  # the stop file reached the rank, which reported a stopped result
 
