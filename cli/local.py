@@ -77,6 +77,8 @@ def train(
     """Train locally: rich progress, metrics appended to OUT/metrics.jsonl, checkpoints in OUT."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from cli.phases import PhaseSink
+
     from trainer.checkpoints import io as checkpoint
     from trainer import train as run_train
     from trainer.sink import JsonlSink
@@ -90,7 +92,7 @@ def train(
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as bar:
-        task = bar.add_task(spec.name, total=spec.total_steps, info="preparing (model, engine)...",
+        task = bar.add_task(spec.name, total=spec.total_steps, info="preparing (task, model, engine)...",
                             completed=0)
 
         def on_step(step: int, v: dict) -> None:
@@ -100,7 +102,10 @@ def train(
                 info += f" eval pass@1 {v['eval/pass@1']:.3f}"
             bar.update(task, completed=step, info=info)
 
-        result = run_train(spec, JsonlSink(out), lambda: stop["flag"], resume=start, out_dir=out,
+        # Long phases (a warm start, model load, engine start, evaluations) fill the info column
+        # until the next step's figures replace it.
+        sink = PhaseSink(JsonlSink(out), lambda line, finished: bar.update(task, info=line))
+        result = run_train(spec, sink, lambda: stop["flag"], resume=start, out_dir=out,
                            dataset_path=dataset, on_step=on_step)
     console.print(f"steps completed: {result.steps_completed}"
                   + (" (stopped early)" if result.stopped else ""))

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.client import TERMINAL, BrorlAPIError, BrorlClient
+from cli.phases import PhaseStatus
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 LOCAL_KEY_FILE = "local.key"
@@ -121,20 +122,29 @@ def metrics_table(rows: list[dict[str, Any]]) -> Table:
 def follow_job(client: BrorlClient, job_id: str, poll: float = 2.0) -> dict[str, Any]:
     """Print each step's metrics as it arrives until the job ends; returns the final job.
 
-    Uses the SSE stream; if the stream is unavailable it falls back to polling the metrics
-    endpoint, so following works against any API that serves the plain endpoints.
+    Uses the SSE stream, whose `progress` events (a warm start, model load, engine start, an
+    evaluation) keep one status line up to date; if the stream is unavailable it falls back
+    to polling the metrics endpoint, so following works against any API that serves the
+    plain endpoints.
     """
     seen = -1
     try:
-        for event in client.stream_metrics(job_id):
-            if event.event == "end":
-                break
-            if event.event not in ("message", "metric"):
-                continue  # `status` events: the closing line reports the outcome
-            step, values = _step_values(event.data)
-            if step is not None and step > seen:
-                seen = step
-                console.print(format_step(step, values), highlight=False)
+        with PhaseStatus(console) as line:
+            for event in client.stream_metrics(job_id):
+                if event.event == "end":
+                    break
+                if event.event == "progress" and isinstance(event.data, dict):
+                    line.progress(event.data.get("data") or {})
+                    continue
+                if event.event == "status" and isinstance(event.data, dict):
+                    line.text(f"job {event.data.get('status')}, step {event.data.get('step')}")
+                if event.event not in ("message", "metric"):
+                    continue  # `status` events: the closing line reports the outcome
+                step, values = _step_values(event.data)
+                if step is not None and step > seen:
+                    seen = step
+                    console.print(format_step(step, values), highlight=False)
+                    line.text(f"running: step {step} done")
     except BrorlAPIError as exc:
         if exc.status not in (0, 404, 405, 501):
             raise

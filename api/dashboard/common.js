@@ -109,6 +109,7 @@ const Brorl = (() => {
             if (!ev) continue;
             if (ev.event === "metric") { last = ev.data.step; on.metric && on.metric(ev.data); }
             else if (ev.event === "status") on.status && on.status(ev.data);
+            else if (ev.event === "progress") on.progress && on.progress(ev.data);
             else if (ev.event === "end") { ended = true; on.end && on.end(ev.data); }
           }
         }

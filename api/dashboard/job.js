@@ -1,6 +1,7 @@
 // Job page (`/jobs/{id}`): every chart group, fed by the metrics SSE stream (no reload), the
-// x-axis switch, the events timeline, the checkpoints (download + sha256 check), the spec,
-// and cancel.
+// phase line (the stream's `progress` events: warm start, model load, engine start,
+// evaluation), the x-axis switch, the events timeline, the checkpoints (download + sha256
+// check), the spec, and cancel.
 "use strict";
 (() => {
   const { api, getJSON, el, fmt, fmtTime, statusPill, scheduleText, TERMINAL } = Brorl;
@@ -93,6 +94,24 @@
     return fresh.length > 0;
   }
 
+  // The phase a running job is in (trainer/events.py `Phase`), from its newest progress event;
+  // hidden once that phase ends or the job stops running.
+  const PHASES = { launch: "launching the ranks", task: "building the task",
+    warm_start: "warm-starting builtin:tiny", model_load: "loading the model",
+    engine_start: "starting the rollout engine", eval: "evaluating" };
+  let phase = null;
+  function renderPhase() {
+    const box = document.getElementById("job-phase");
+    const d = phase && phase.data;
+    box.hidden = !d || d.finished || !job || job.status !== "running";
+    if (box.hidden) { box.replaceChildren(); return; }
+    box.dataset.phase = d.phase || "";
+    const parts = [el("strong", { text: PHASES[d.phase] || d.phase || "working" })];
+    if (d.total) parts.push(el("progress", { max: d.total, value: d.done || 0 }), `${d.done || 0} / ${d.total}`);
+    if (d.message) parts.push(el("span", { class: "muted", text: ` · ${d.message}` }));
+    box.replaceChildren(...parts);
+  }
+
   const t0 = () => (job && job.started_at ? Date.parse(job.started_at) : null);
   const redraw = Charts.throttle(() => charts.forEach((c) => c.setRows(rows, t0())), 300);
 
@@ -113,6 +132,7 @@
     warnBox.hidden = !job.warning;
     warnBox.textContent = job.warning ? `warning: ${job.warning}` : "";
     document.getElementById("cancel").hidden = TERMINAL.includes(job.status) || job.cancel_requested;
+    renderPhase();
   }
 
   async function refreshJob() {
@@ -134,6 +154,8 @@
       const body = document.querySelector("#events tbody");
       for (const e of page.data) {
         lastEvent = e.id;
+        // A phase's updates live in the phase line; the timeline keeps the phase's end.
+        if (e.type === "progress" && e.data.phase && !e.data.finished) continue;
         if (e.type === "warning" && job) { job.warning = e.data.message; renderJob(); }
         const details = e.data.message || e.data.error || e.data.reason ||
           Object.entries(e.data).map(([k, x]) => `${k}=${typeof x === "number" ? fmt(x) : x}`).join(" ");
@@ -253,6 +275,7 @@
         if (job && row.step > job.step) { job.step = row.step; renderJob(); }
         redraw();
       },
+      progress: (event) => { phase = event; renderPhase(); },
       status: async () => { await refreshJob(); refreshSide(); },
       end: async () => { await refreshJob(); refreshSide(); },
     });

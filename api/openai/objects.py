@@ -101,6 +101,15 @@ def job_object(job: Job, last_checkpoint: Checkpoint | None) -> dict[str, Any]:
     }
 
 
+def _progress_text(d: dict[str, Any]) -> str:
+    """A long phase's progress (trainer.events): its name, done of total, the trainer's words."""
+    phase = str(d.get("phase") or "sampling").replace("_", " ")
+    if d.get("finished"):
+        return f"Phase {phase} done" + (f" in {d['seconds']:.1f} s" if isinstance(d.get("seconds"), (int, float)) else "")
+    count = f" ({d.get('done')}/{d['total']})" if d.get("total") else ""
+    return f"Phase {phase}{count}" + (f": {d['message']}" if d.get("message") else "")
+
+
 def _event_text(event: JobEvent) -> tuple[str, str]:
     """(level, message) of a native event, worded for people."""
     d, kind = event.data or {}, event.type
@@ -125,6 +134,7 @@ def _event_text(event: JobEvent) -> tuple[str, str]:
         EventType.pause_requested: "Pause requested; the job stops and pauses",
         EventType.paused: "Fine-tuning job paused",
         EventType.resumed: "Fine-tuning job resumed",
+        EventType.progress: _progress_text(d),
     }
     level = {EventType.failed: "error", EventType.warning: "warn",
              EventType.broaden_skipped: "warn"}.get(kind, "info")

@@ -9,6 +9,9 @@ no connection or transaction between polls.
 Wire format (one SSE event per message):
   event: metric   id: <step>   data: MetricPublic as JSON
   event: status   data: {"status", "step", "cancel_requested"}   (on every status change)
+  event: progress data: EventPublic of the newest `progress` event (a long phase: warm start,
+                  model load, engine start, evaluation; trainer.events), while the job runs;
+                  no id, so a reconnect still resumes by step
   event: end      data: {"status"}   (after a terminal status and its last metric row)
 Reconnecting clients send `Last-Event-ID` (the last step seen), or `?after_step=`.
 """
@@ -34,7 +37,7 @@ from starlette.background import BackgroundTask
 from store import jobs
 from store.db import get_read_engine
 from store.errors import NotFound
-from store.tables import TERMINAL_STATUSES, JobStatus
+from store.tables import TERMINAL_STATUSES, EventType, JobStatus
 from trainer.spec import MAX_TOTAL_STEPS
 
 from api.deps import SessionDep, TenantDep
@@ -133,20 +136,45 @@ def _resume_step(last_event_id: str | None, after_step: int | None) -> int | Non
     return step
 
 
-def _poll(make: sessionmaker[Session], tenant_id: int, job_id: str,
-          after_step: int | None) -> tuple[dict[str, Any] | None, list[MetricPublic]]:
-    """(the job's state or None if it is gone, new metric rows) from one short session."""
+PROGRESS_LOOKBACK = 20  # events read back on a first poll to find the phase in progress
+
+
+class _ProgressCursor:
+    """The newest `progress` event not sent yet; `last_id`: the newest event id read."""
+
+    def __init__(self) -> None:
+        self.last_id: int | None = None
+
+    def newest(self, session: Session, tenant_id: int, job_id: str) -> EventPublic | None:
+        # Progress events are rate-limited at the source (about one a second per phase), so
+        # one page after the cursor holds every new event; the first read looks back a little.
+        if self.last_id is None:
+            rows = jobs.list_events(session, tenant_id, job_id, limit=PROGRESS_LOOKBACK, newest_first=True)[::-1]
+        else:
+            rows = jobs.list_events(session, tenant_id, job_id, after=self.last_id, limit=STREAM_BATCH)
+        if rows:
+            self.last_id = rows[-1].id
+        progress = [e for e in rows if e.type == EventType.progress]
+        return EventPublic.model_validate(progress[-1]) if progress else None
+
+
+def _poll(make: sessionmaker[Session], tenant_id: int, job_id: str, after_step: int | None,
+          cursor: _ProgressCursor) -> tuple[dict[str, Any] | None, list[MetricPublic], EventPublic | None]:
+    """(the job's state or None if it is gone, new metric rows, the newest progress event
+    while it runs) from one short session."""
     with make() as session:
         # Status first, rows second: if the job was already terminal when read, every row it
         # wrote is committed before this SELECT, so "terminal and nothing left" really is the end.
         job = jobs.get_job(session, tenant_id, job_id)
         if job is None:
-            return None, []
+            return None, [], None
         state = {"status": job.status.value, "step": job.step,
                  "cancel_requested": job.cancel_requested}
         rows = jobs.list_metrics(session, tenant_id, job_id, after_step=after_step,
                                  limit=STREAM_BATCH)
-        return state, [MetricPublic.model_validate(m) for m in rows]
+        # Only a running attempt writes progress: other statuses cost no events query.
+        progress = cursor.newest(session, tenant_id, job_id) if job.status == JobStatus.running else None
+        return state, [MetricPublic.model_validate(m) for m in rows], progress
 
 
 async def _metric_events(make: sessionmaker[Session], tenant_id: int, job_id: str,
@@ -155,8 +183,9 @@ async def _metric_events(make: sessionmaker[Session], tenant_id: int, job_id: st
     # No disconnect check here: EventSourceResponse watches the connection and cancels this
     # generator (at its next await) when the client goes away.
     last_status: str | None = None
+    cursor = _ProgressCursor()
     while True:
-        state, rows = await anyio.to_thread.run_sync(_poll, make, tenant_id, job_id, after_step)
+        state, rows, progress = await anyio.to_thread.run_sync(_poll, make, tenant_id, job_id, after_step, cursor)
         if state is None:  # deleted under us
             yield ServerSentEvent(event="end", data=json.dumps({"status": None}))
             return
@@ -166,6 +195,8 @@ async def _metric_events(make: sessionmaker[Session], tenant_id: int, job_id: st
         if state["status"] != last_status:
             last_status = state["status"]
             yield ServerSentEvent(event="status", data=json.dumps(state))
+        if progress is not None:
+            yield ServerSentEvent(event="progress", data=progress.model_dump_json())
         if len(rows) == STREAM_BATCH:
             continue  # a backlog: fetch the next page at once
         if JobStatus(state["status"]) in TERMINAL_STATUSES:
@@ -178,7 +209,7 @@ async def _metric_events(make: sessionmaker[Session], tenant_id: int, job_id: st
     "/metrics/stream",
     response_class=EventSourceResponse,
     responses={200: {"content": {"text/event-stream": {}},
-                     "description": "`metric`, `status` and `end` events (see the module doc)."}},
+                     "description": "`metric`, `status`, `progress` and `end` events (see the module doc)."}},
 )
 def stream_metrics(
     job_id: str, request: Request, session: SessionDep, tenant: TenantDep,

@@ -216,6 +216,20 @@ def test_retrieve_list_pause_resume_cancel_events(sdk, training_file, enqueued) 
     assert sdk.fine_tuning.jobs.checkpoints.list(first.id).data == []
 
 
+def test_progress_events_are_worded_with_their_phase(sdk, training_file, database_url) -> None:
+    job = create(sdk, training_file)
+    with session_scope(database_url) as s:
+        claim = store_jobs.claim(s, job.id, "test-worker", lease_seconds=60)
+        for data in ({"phase": "warm_start", "done": 40, "total": 1200, "finished": False,
+                      "message": "warm start: step 40, loss 1.234"},
+                     {"phase": "warm_start", "done": 1200, "total": 1200, "finished": True, "seconds": 61.25}):
+            store_jobs.add_event(s, job.id, "progress", data, attempt=claim.attempt)
+    done, running = sdk.fine_tuning.jobs.list_events(job.id, limit=2).data  # newest first
+    assert running.message == "Phase warm start (40/1200): warm start: step 40, loss 1.234"
+    assert done.message == "Phase warm start done in 61.2 s" and done.level == "info"
+    assert done.data["type"] == "progress" and done.data["phase"] == "warm_start"
+
+
 def test_checkpoints_and_fine_tuned_model(sdk, training_file, database_url, settings,
                                           tmp_path: Path) -> None:
     """What a worker writes (claim, metrics, checkpoints, success) as OpenAI's objects."""

@@ -9,7 +9,7 @@ import pytest
 
 from store import jobs as store_jobs
 from store.db import session_scope
-from store.tables import JobStatus
+from store.tables import EventType, JobStatus
 
 from tests.api.helpers import assert_error, make_spec, parse_sse
 
@@ -164,6 +164,39 @@ def test_stream_follows_a_live_job(client, auth, database_url, running_job):
     statuses = [e["data"]["status"] for e in events if e["event"] == "status"]
     assert statuses == ["running", "succeeded"]
     assert events[-1]["event"] == "end"
+
+
+def test_stream_sends_the_newest_progress_event_while_the_job_runs(client, auth, database_url, running_job):
+    job_id, attempt = running_job
+    with session_scope(database_url) as s:  # before the stream opens: its first poll looks back
+        store_jobs.add_event(s, job_id, EventType.progress, {"phase": "task", "done": 0, "finished": True},
+                             attempt=attempt)
+        store_jobs.add_event(s, job_id, EventType.progress, {"phase": "warm_start", "done": 0, "total": 9,
+                                                            "finished": False}, attempt=attempt)
+
+    def worker():  # the trainer's progress, then its first step, then the end
+        for done, finished in ((3, False), (9, True)):
+            time.sleep(0.3)  # several polls apart: each is sent
+            with session_scope(database_url) as s:
+                store_jobs.add_event(s, job_id, EventType.progress, {
+                    "phase": "warm_start", "done": done, "total": 9, "finished": finished}, attempt=attempt)
+        time.sleep(0.3)
+        _write_steps(database_url, job_id, attempt, [1], finish=JobStatus.succeeded)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        events = parse_sse(client.get(f"/v1/jobs/{job_id}/metrics/stream", headers=auth).text)
+    finally:
+        thread.join()
+    progress = [e for e in events if e["event"] == "progress"]
+    # The first poll sends only the newest of what it finds; each later one what is new.
+    assert [(p["data"]["data"]["phase"], p["data"]["data"]["done"]) for p in progress] == [
+        ("warm_start", 0), ("warm_start", 3), ("warm_start", 9)]
+    assert all("id" not in p and p["data"]["type"] == "progress" and p["data"]["job_id"] == job_id
+               for p in progress)  # no id: a reconnect still resumes by step
+    assert [e["event"] for e in events][-3:] == ["metric", "status", "end"]
+    assert [e["id"] for e in events if e["event"] == "metric"] == ["1"]
 
 
 def test_stream_of_a_cancelled_queued_job_ends_at_once(client, auth):

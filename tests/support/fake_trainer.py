@@ -15,6 +15,9 @@ survives the trip through HTTP, the database and a worker subprocess:
 - `ckpt`: save (and record) a checkpoint after every step, not only the last.
 - `build`: first build the spec's task as the real trainer does (`trainer.tasks.build_task`,
   in a child process with its limits, a stop polled meanwhile).
+- `phases=SECONDS`: first a `warm_start` phase of that long, reporting every 0.1 s through the
+  trainer's own `trainer.events.PhaseProgress` (so rate-limited as the trainer's), stopping
+  early if asked.
 A dataset job fails unless `dataset_path` is an existing file (the runner must resolve it).
 """
 from __future__ import annotations
@@ -66,6 +69,20 @@ def write_checkpoint(out_dir: Path, step: int) -> tuple[Path, int, str]:
     return folder, nbytes, digest
 
 
+def _warm_start_phase(sink, seconds: float, should_stop: Callable[[], bool]) -> bool:
+    """A warm start's `progress` events over `seconds`; False if stopped first."""
+    from trainer.events import Phase, PhaseProgress
+
+    ticks = max(1, int(seconds * 10))
+    with PhaseProgress(sink).phase(Phase.warm_start, "fake warm start", total=ticks) as report:
+        for tick in range(1, ticks + 1):
+            if should_stop():
+                return False
+            time.sleep(0.1)
+            report(tick, ticks, f"fake warm start: step {tick}")
+    return True
+
+
 def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = None, *,
           out_dir: Path, dataset_path: Path | None = None) -> FakeResult:
     sleep_s, fail = _options(spec.name)
@@ -78,6 +95,9 @@ def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = Non
         try:
             build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check(should_stop))
         except StopRequested:
+            return FakeResult(0, True, None)
+    if match := re.search(r"phases=([0-9.]+)", spec.name):
+        if not _warm_start_phase(sink, float(match.group(1)), should_stop):
             return FakeResult(0, True, None)
     start = 0
     if resume is not None:
