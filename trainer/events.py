@@ -10,7 +10,7 @@ at most one per `MIN_INTERVAL_S` per phase besides each phase's first and last, 
 that reports often does not flood the events table. Their data:
   {"phase", "message", "done", "total" (null when unknown), "finished": bool,
    "seconds" (on the last one)}, plus what the caller adds (an evaluation's `step`).
-A probe's sampling progress (`worker.probe_runner`) is a `progress` event too, without a phase.
+A probe's sampling progress (`worker.probe_job`) is a `progress` event too, without a phase.
 """
 from __future__ import annotations
 
