@@ -171,8 +171,9 @@ def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[],
                      resume: Path | None = None, *, out_dir: Path, dataset_path: Path | None = None,
                      on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
     """`trainer.entry.train`'s contract, in this process; on ranks, each rank runs this."""
-    if spec.resources.gpus_per_node > 1 and not distributed.launched_as_rank():
-        raise ValueError("a job with resources.gpus_per_node > 1 runs on ranks: call trainer.train")
+    if spec.resources.world_size > 1 and not distributed.launched_as_rank():
+        raise ValueError("a job of more than one rank (resources.nodes x gpus_per_node) runs on ranks: "
+                         "call trainer.train")
     # On ranks a stop is agreed at step boundaries only: one rank leaving a phase early would
     # leave the others waiting in a collective (the launcher kills ranks after a grace period).
     check = never if distributed.active() else stop_check(should_stop)

@@ -24,7 +24,8 @@ RANK_MODULE = "trainer.distributed.rank_main"
 
 # name -> "module:class"; imported only when chosen (a launcher's library, e.g. ray, stays
 # optional for deployments that do not use it).
-LAUNCHERS: dict[str, str] = {"local": "trainer.distributed.local:LocalLauncher"}
+LAUNCHERS: dict[str, str] = {"local": "trainer.distributed.local:LocalLauncher",
+                             "ray": "trainer.distributed.ray_launcher:RayLauncher"}
 DEFAULT = "local"
 
 
