@@ -171,24 +171,25 @@ def names_in(body: list[ast.stmt]) -> dict[str, ast.AST]:
 
 
 def attributes_resolve(module: Path, dotted_module: str, attrs: list[str]) -> bool:
-    """From the source; by importing when the source alone cannot tell (inherited
-    attributes, names made at run time)."""
+    """From the source (definitions, assignments, imports, class bodies, submodules of a
+    package); by importing where the source alone cannot tell (inherited attributes, names
+    made at run time)."""
     scope: list[ast.stmt] | None = parsed(module).body
-    for attr in attrs:
-        if scope is None:
-            break
-        node = names_in(scope).get(attr)
-        if node is None:
-            sub = module_file(f"{dotted_module}.{attr}") if module.name == "__init__.py" else None
-            if sub is not None:
-                module, dotted_module, scope = sub, f"{dotted_module}.{attr}", parsed(sub).body
-                continue
-            break
-        scope = node.body if isinstance(node, ast.ClassDef) else None
-        if scope is None and attr == attrs[-1]:
-            return True
-    else:
-        return True
+    walked: list[str] = []  # attributes of dotted_module found so far
+    for i, attr in enumerate(attrs):
+        node = names_in(scope).get(attr) if scope is not None else None
+        if node is not None:
+            scope = node.body if isinstance(node, ast.ClassDef) else None
+            walked.append(attr)
+            continue
+        sub = module_file(f"{dotted_module}.{attr}") if not walked else None
+        if sub is None:
+            return imports_with(dotted_module, walked + attrs[i:])
+        module, dotted_module, scope = sub, f"{dotted_module}.{attr}", parsed(sub).body
+    return True
+
+
+def imports_with(dotted_module: str, attrs: list[str]) -> bool:
     try:
         obj = importlib.import_module(dotted_module)
     except Exception:  # a module that does not import does not resolve
@@ -253,9 +254,10 @@ def test_a_stale_citation_does_not_resolve():
     for good in ("store/jobs.py", "tests/support/", "layer.py", "trainer.spec.JobSpec",
                  "trainer.spec.JobSpec.model_fields", "store.tables.Job", "cli.main:app",
                  "trainer.graders.sandbox.layer.sandbox_layer", "img/", "bench/out/x.json",
-                 "test_links_in_the_docs_resolve"):
+                 "test_links_in_the_docs_resolve", "trainer.graders.sandbox_layer",
+                 "store.tables.Job.status", "trainer.spec.JobSpec.model_validate"):
         assert resolves(good, here), good
     for stale in ("store/models.py", "runner_gone.py", "trainer.spec.NoSuchSpec",
                   "trainer.step.update", "api.task_probe", "cli.main:no_app", "docs/nothing/",
-                 "test_no_such_test"):
+                 "test_no_such_test", "trainer.graders.no_such_name", "store.tables.Job.no_column"):
         assert not resolves(stale, here), stale
