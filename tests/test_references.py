@@ -4,12 +4,13 @@ behind fails here, naming the citation and where it is.
 
 A citation is a path with a folder and a file suffix (`store/jobs.py`, docs/hardening.md), a
 folder in backticks (`tests/support/`), a bare file name in backticks (`server.py`: some
-file of that name exists), or a dotted name under one of this repository's packages
+file of that name exists), a dotted name under one of this repository's packages
 (`trainer.tasks.isolated.check_config`, `cli.main:app`), or a test in backticks
-(`test_runner.py::test_x`, `test_x`: some test file defines it). Paths resolve against the
-repository root, the citing file's folder or any folder above it. A dotted name resolves when its longest
-module prefix is a module here and the rest are attributes, read from the module's source
-(assignments, definitions, imports, class bodies) and, failing that, by importing it.
+(`test_runner.py::test_x`, `test_x`: a test, or a product function, of that name exists).
+Paths resolve against the repository root, the citing file's folder or any folder above it.
+A dotted name resolves when its longest module prefix is a module here and the rest are
+attributes, read from the module's source (assignments, definitions, imports, class bodies)
+and, failing that, by importing it.
 """
 from __future__ import annotations
 
@@ -96,9 +97,12 @@ def code_texts() -> list[tuple[Path, int, str]]:
 
 @functools.lru_cache(maxsize=1)
 def defined_tests() -> frozenset[str]:
+    """Every `def test_...` here: the tests, and product functions so named (a client's
+    `test_webhook`)."""
     names: set[str] = set()
-    for path in (REPO / "tests").rglob("*.py"):
-        names |= set(TEST_DEF.findall(path.read_text()))
+    for root in ("tests", *CODE_ROOTS):
+        for path in (REPO / root).rglob("*.py"):
+            names |= set(TEST_DEF.findall(path.read_text()))
     return frozenset(names)
 
 
