@@ -25,13 +25,6 @@ class TrainerSettings(BaseSettings):
     task_build_timeout_s: float = Field(600.0, gt=0, description="time a task's dataset may take to build")
     task_build_memory_mb: int = Field(8192, ge=64, description="memory a task's build may add")
     launcher: str = Field("local", description="what starts a many-rank job's ranks (trainer.distributed.launchers)")
-    # The ray launcher (trainer.distributed.ray_launcher); a multi-node job uses it whatever BRORL_LAUNCHER says.
-    ray_address: str = Field("", description="the Ray cluster the ray launcher joins (ray.init's address)")
-    ray_gpu_resource: str = Field("GPU", min_length=1, description="the Ray resource one rank takes "
-                                  "(a custom one on CPU-only clusters)")
-    ray_cpus_per_rank: float = Field(1.0, gt=0, description="CPUs reserved per rank in a node's bundle")
-    ray_placement_timeout_s: float = Field(0.0, ge=0, description="how long a job waits for its nodes "
-                                           "before it fails (0: until cancelled)")
 
     @field_validator("launcher")
     @classmethod

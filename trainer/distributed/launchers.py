@@ -24,8 +24,7 @@ RANK_MODULE = "trainer.distributed.rank_main"
 
 # name -> "module:class"; imported only when chosen (a launcher's library, e.g. ray, stays
 # optional for deployments that do not use it).
-LAUNCHERS: dict[str, str] = {"local": "trainer.distributed.local:LocalLauncher",
-                             "ray": "trainer.distributed.ray_launcher:RayLauncher"}
+LAUNCHERS: dict[str, str] = {"local": "trainer.distributed.local:LocalLauncher"}
 DEFAULT = "local"
 
 
@@ -58,7 +57,8 @@ class Launcher(ABC):
         """Start the job's ranks on `control` (its job.json is written). Returns at once: a
         launcher that must first wait for machines (all of a job's nodes or none) returns ranks
         that poll as running meanwhile, so a cancel reaches the wait, and says what it waits
-        for through `event(type, data)` (the job's event stream)."""
+        for through `event(type, data)` (the job's event stream): a `trainer.events.EventType`,
+        `progress` with phase `launch` for a wait (any other type raises)."""
 
     @abstractmethod
     def dead_rank(self, control: ControlFolder, raised: set[int]) -> tuple[int | None, int | None]:
