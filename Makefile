@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
 	@echo "[2/3] brorl and its dependencies (a few minutes on a fresh machine; log: $(VENV)/install.log)"
-	@set -o pipefail; $(PY) -m pip install --progress-bar off -c constraints.txt -e '.[cpu,dev]' 2>&1 \
+	@set -o pipefail; $(PY) -m pip install --progress-bar off -c constraints.txt -e '.[cpu,dev,ray]' 2>&1 \
 		| tee $(VENV)/install.log | $(PIP_PROGRESS) \
 		|| { echo "pip failed; the end of $(VENV)/install.log:"; tail -n 30 $(VENV)/install.log; exit 1; }
 	@echo "[3/3] removing $(UNWANTED)"

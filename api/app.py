@@ -13,6 +13,9 @@ Every error leaves in the shape of `api.errors`.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import APIRouter, FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -33,6 +36,8 @@ from api.task_check import TaskCheck
 from api.routes import checkpoints, datasets, events_metrics, graders, health, jobs, probes, samples
 from api.openai import openai_router
 from api.web import install_dashboard
+from api.webhooks import routes as webhook_routes
+from api.webhooks.dispatch import Dispatcher
 
 API_VERSION = "1.0.0"
 DEFAULT_STREAM_POLL_SECONDS = 1.0
@@ -45,10 +50,25 @@ Errors always look like `{"error": {"type", "message", "field"?}}`.
 """
 
 
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """While the app serves: this process's webhook dispatcher, unless turned off."""
+    dispatcher = None
+    if app.state.settings.webhook_dispatch:
+        dispatcher = Dispatcher(app.state.settings, app.state.sessionmaker)
+        dispatcher.start()
+    try:
+        yield
+    finally:
+        if dispatcher is not None:
+            dispatcher.stop()
+
+
 def _v1_router() -> APIRouter:
     v1 = APIRouter(prefix="/v1")
     for module in (jobs, events_metrics, samples, checkpoints, datasets, graders, probes):
         v1.include_router(module.router)
+    v1.include_router(webhook_routes.router)
     v1.include_router(openai_router())  # /v1/files, /v1/fine_tuning/...: OpenAI's shapes
     return v1
 
@@ -66,6 +86,7 @@ def create_app(settings: Settings | None = None, *, enqueue: Enqueue | None = No
     settings.ensure_dirs()
     # FastAPIOffline: /docs and /redoc load Swagger UI / ReDoc from the package, not a CDN.
     app = FastAPIOffline(
+        lifespan=_lifespan,
         title="BroRL as a service",
         version=API_VERSION,
         description=DESCRIPTION,

@@ -110,7 +110,7 @@ def check_runnable(grader: Any, path: str = "grader") -> None:
 def check_reward(task: TaskSpec, stored: Dataset | None, settings: Settings) -> None:
     """422 when the reward cannot run: a grader this server cannot run (a metric or a judge
     it lacks), or a dataset whose rows lack a field the grader or verifier reads."""
-    from trainer.tasks.dataset_task import check_rows_for
+    from trainer.graders.dataset_check import check_rows_for
 
     if task.grader is not None:
         check_runnable(parse_grader(task.grader), "task.grader")

@@ -1,6 +1,6 @@
-"""The browser dashboard: five static pages and their assets, served by the API itself.
+"""The browser dashboard: six static pages and their assets, served by the API itself.
 
-The pages (`/`, `/jobs/{id}`, `/compare`, `/submit`, `/probes/{id}`) are one shell (`dashboard/shell.html`)
+The pages (`/`, `/jobs/{id}`, `/compare`, `/submit`, `/probes/{id}`, `/webhooks`) are one shell (`dashboard/shell.html`)
 around each page's body (`dashboard/pages/`); their scripts talk to the public `/v1` API with the key the user typed
 (kept in the tab's sessionStorage and sent as the bearer header), exactly like any other
 client, so there is no server-side session and no route here that reads data. Everything,
@@ -33,13 +33,14 @@ PAGE_HEADERS = {"Content-Security-Policy": CSP, "Referrer-Policy": "no-referrer"
 # url -> (page name: pages/<name>.html is its body, title, its scripts after the shared ones)
 PAGES = {"/": ("index", "Jobs", ("list.js",)), "/jobs/{job_id}": ("job", "Job", ("samples.js", "job.js")),
          "/compare": ("compare", "Compare", ("compare.js",)), "/submit": ("submit", "Submit", ("submit.js", "playground.js")),
-         "/probes/{probe_id}": ("probe", "Probe", ("probe.js",))}
+         "/probes/{probe_id}": ("probe", "Probe", ("probe.js",)),
+         "/webhooks": ("webhooks", "Webhooks", ("webhooks.js",))}
 
 
 def render_page(name: str, title: str, scripts: tuple[str, ...]) -> str:
     """One page: the shared shell (head, navigation, key form, scripts) around its body."""
     shell = Template((DASHBOARD_DIR / "shell.html").read_text())
-    nav = {f"nav_{n}": 'aria-current="page"' if n == name else "" for n in ("index", "compare", "submit")}
+    nav = {f"nav_{n}": 'aria-current="page"' if n == name else "" for n in ("index", "compare", "submit", "webhooks")}
     body = (DASHBOARD_DIR / "pages" / f"{name}.html").read_text()
     tags = "".join(f'  <script src="{STATIC_PREFIX}/{s}"></script>\n' for s in scripts)
     return shell.substitute(title=title, body=body, scripts=tags, **nav)

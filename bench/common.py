@@ -149,7 +149,7 @@ def join_ranks(r: int, ws: int, port: int) -> None:
     """In a spawned rank: join the process group (one torch thread)."""
     import torch
 
-    from trainer.distributed import collectives as distributed
+    from trainer import collectives as distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(ws),
                       LOCAL_RANK=str(r))
@@ -161,7 +161,7 @@ def leave_ranks() -> None:
     """In a spawned rank, at the end: wait for the others, then exit without torch's teardown."""
     import torch
 
-    from trainer.distributed import collectives as distributed
+    from trainer import collectives as distributed
 
     distributed.barrier()
     torch.distributed.destroy_process_group()

@@ -1,5 +1,5 @@
 """The update on 2 ranks (FSDP2, gloo, CPU) with gradients reduced after every micro-batch
-(before) and once per mini-batch (now: `trainer.distributed.collectives.gradient_sync`).
+(before) and once per mini-batch (now: `trainer.collectives.gradient_sync`).
 
 Each rank holds a 12 M-parameter Qwen2 (8 layers, hidden 384), sharded with the trainer's own
 `shard_policy`, and its share of a batch (4 groups x 16 samples, responses of 8..48 tokens),
@@ -42,7 +42,7 @@ def _model():
 
 
 def _batch(rank: int, ws: int):
-    from trainer.distributed import collectives as distributed
+    from trainer import collectives as distributed
     from trainer.rollouts import Rollouts
 
     g = torch.Generator().manual_seed(0)
@@ -66,7 +66,7 @@ def _batch(rank: int, ws: int):
 def _rank(r: int, ws: int, port: int, args: dict) -> None:
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
 
-    from trainer.distributed import collectives as distributed
+    from trainer import collectives as distributed
     from trainer.algo.advantages import ADVANTAGES
     from trainer.spec import JobSpec
     from trainer.step import train_on_batch

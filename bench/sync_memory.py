@@ -53,7 +53,7 @@ def _model():
 
 @torch.no_grad()
 def _whole_gather(policy, engine: dict) -> None:
-    from trainer.distributed import collectives as distributed
+    from trainer import collectives as distributed
 
     state = {k: v.detach().to(torch.bfloat16) for k, v in distributed.full_state_dict(policy).items()}
     for k, v in state.items():
@@ -62,14 +62,14 @@ def _whole_gather(policy, engine: dict) -> None:
 
 @torch.no_grad()
 def _streamed(policy, engine: dict) -> None:
-    from trainer.distributed import collectives as distributed
+    from trainer import collectives as distributed
 
     for k, v in distributed.iter_full_state(policy, torch.bfloat16):
         engine[k].copy_(v)
 
 
 def _rank(r: int, ws: int, port: int, args: dict) -> None:
-    from trainer.distributed import collectives as distributed
+    from trainer import collectives as distributed
 
     join_ranks(r, ws, port)
     model = _model()

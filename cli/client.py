@@ -289,6 +289,33 @@ class BrorlClient:
                           json={"grader": grader, "model_sample": model_sample,
                                 "item": item or {}})
 
+    # ------------------------------------------------------------------ webhooks
+
+    def create_webhook(self, url: str, event_types: list[str] | None = None,
+                       description: str = "") -> dict[str, Any]:
+        """Register an endpoint; the answer's `secret` is shown this once (docs/webhooks.md)."""
+        return self._json("POST", "/v1/webhooks", json={"url": url, "event_types": event_types,
+                                                        "description": description})
+
+    def list_webhooks(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/webhooks")
+
+    def update_webhook(self, endpoint_id: str, **fields: Any) -> dict[str, Any]:
+        return self._json("PATCH", f"/v1/webhooks/{endpoint_id}", json=fields)
+
+    def delete_webhook(self, endpoint_id: str) -> None:
+        self._request("DELETE", f"/v1/webhooks/{endpoint_id}")
+
+    def rotate_webhook_secret(self, endpoint_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/v1/webhooks/{endpoint_id}/rotate")
+
+    def test_webhook(self, endpoint_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/v1/webhooks/{endpoint_id}/test")
+
+    def webhook_deliveries(self, endpoint_id: str, limit: int = 20, status: str | None = None) -> dict[str, Any]:
+        params = {"limit": limit, **({"status": status} if status else {})}
+        return self._json("GET", f"/v1/webhooks/{endpoint_id}/deliveries", params=params)
+
     # ------------------------------------------------------------------ health
 
     def ready(self) -> bool:

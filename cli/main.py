@@ -6,14 +6,15 @@
 - cli.evidence: the paper's claims on your hardware (simulate)
 - cli.probe:    the pass@k probe and its recommendation (here or on the service)
 - cli.graders:  tries a grader on the service (graders validate, graders run)
+- cli.webhooks: webhook endpoints and their delivery logs
 Heavy imports (torch, FastAPI, Celery) happen inside the commands, so `brorl --help` is quick.
 """
 import typer
 
-from cli import evidence, graders, local, probe, remote, server
+from cli import evidence, graders, local, probe, remote, server, webhooks
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="BroRL as a service.")
-for module in (remote, server, local, evidence, graders, probe):
+for module in (remote, server, local, evidence, graders, probe, webhooks):
     module.register(app)
 
 if __name__ == "__main__":

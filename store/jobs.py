@@ -24,6 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from store import webhooks
 from store.errors import Fenced, IdempotencyConflict, InvalidTransition, NotFound
 from store.job_queries import (  # re-exported: store.jobs is the one entry point
     count_active_jobs,
@@ -96,10 +97,17 @@ def _lease_now(s: Session) -> Any:
     return utcnow()
 
 
-def _event(s: Session, job_id: str, type_: EventType, **data: Any) -> JobEvent:
+def _record_event(s: Session, job_id: str, type_: EventType, data: dict[str, Any]) -> JobEvent:
+    """Every job event is written here: with it, in the same transaction, the webhook
+    deliveries it causes (store.webhooks), so a committed event is never lost to them."""
     event = JobEvent(job_id=job_id, type=type_, data=data)
     s.add(event)
+    webhooks.enqueue_for_event(s, job_id, type_.value, data)
     return event
+
+
+def _event(s: Session, job_id: str, type_: EventType, **data: Any) -> JobEvent:
+    return _record_event(s, job_id, type_, data)
 
 
 # --------------------------------------------------------------------------- API side
@@ -356,8 +364,7 @@ def add_event(
         _fenced_update(s, job_id, attempt, **extra)
     elif extra:
         s.execute(update(Job).where(Job.id == job_id).values(**extra).execution_options(**_NO_SYNC))
-    event = JobEvent(job_id=job_id, type=EventType(type), data=dict(data or {}))
-    s.add(event)
+    event = _record_event(s, job_id, EventType(type), dict(data or {}))
     s.flush()
     return event
 

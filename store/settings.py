@@ -7,6 +7,7 @@ API, the worker, the CLI and Alembic all agree on where things live.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from functools import lru_cache
@@ -124,6 +125,14 @@ class Settings(BaseSettings):
         "task_check_memory_mb", "task_probe_memory_mb"))
     max_concurrent_task_checks: int = Field(2, ge=1, validation_alias=_named(
         "max_concurrent_task_checks", "max_concurrent_task_probes"))
+    # Webhooks (api/webhooks): endpoints per tenant; networks a webhook may reach although
+    # they are not public (comma-separated CIDRs; by default none: loopback, private and
+    # link-local addresses are refused); each call's time limit; whether this API process
+    # sends the outbox (any number of processes may).
+    webhook_max_endpoints: int = Field(10, ge=0, le=1000)
+    webhook_allowed_networks: str = ""
+    webhook_timeout_s: float = Field(10, gt=0, le=60)
+    webhook_dispatch: bool = True
     # Host headers the API answers (comma-separated, `*.example.com` allowed); others are a
     # 400. The default `*` answers any: set it in production (api/headers.py).
     allowed_hosts: Annotated[list[str], NoDecode] = ["*"]
@@ -148,6 +157,13 @@ class Settings(BaseSettings):
             Path(artifact_dir).expanduser() if artifact_dir else data_dir / "artifacts"
         )
         return data
+
+    @field_validator("webhook_allowed_networks")
+    @classmethod
+    def _check_networks(cls, value: str) -> str:
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            ipaddress.ip_network(part, strict=False)  # ValueError names the bad one
+        return value
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

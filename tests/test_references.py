@@ -1,15 +1,16 @@
 """Every file path and dotted Python name that the docs (docs/*.md, README.md) or the product
-code's docstrings and comments cite still exists: a rename that leaves a citation behind
-fails here, naming the citation and where it is.
+code's docstrings, comments and messages cite still exists: a rename that leaves a citation
+behind fails here, naming the citation and where it is.
 
 A citation is a path with a folder and a file suffix (`store/jobs.py`, docs/hardening.md), a
 folder in backticks (`tests/support/`), a bare file name in backticks (`server.py`: some
-file of that name exists), or a dotted name under one of this repository's packages
+file of that name exists), a dotted name under one of this repository's packages
 (`trainer.tasks.isolated.check_config`, `cli.main:app`), or a test in backticks
-(`test_runner.py::test_x`, `test_x`: some test file defines it). Paths resolve against the repository
-root, the citing file's folder or any folder above it. A dotted name resolves when its longest
-module prefix is a module here and the rest are attributes, read from the module's source
-(assignments, definitions, imports, class bodies) and, failing that, by importing it.
+(`test_runner.py::test_x`, `test_x`: a test, or a product function, of that name exists).
+Paths resolve against the repository root, the citing file's folder or any folder above it.
+A dotted name resolves when its longest module prefix is a module here and the rest are
+attributes, read from the module's source (assignments, definitions, imports, class bodies)
+and, failing that, by importing it.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ SUFFIXES = ("py", "md", "yaml", "yml", "json", "jsonl", "toml", "ini", "txt", "h
 NOT_OURS: dict[str, str] = {
     "bench/out/": "the benchmarks' output folder: git-ignored, written when a benchmark runs",
     "trainer_state/": "a folder inside each checkpoint of a job's artifacts",
+    "runs/": "the git-ignored folder the docs' example commands write their output to",
     "OUT/": "`brorl train`'s output folder, named by the user on the command line",
     "vllm/": "vLLM's own source tree (an installed package)",
     ".venv/": "the virtual environment `make install` creates",
@@ -45,7 +47,6 @@ PATH = re.compile(r"(?<![\w./~:@$<{-])((?:[\w.-]+/)+[\w.-]+\.(?:%s))(?![\w/])" %
 DOTTED = re.compile(r"(?<![\w./-])((?:%s)(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?)(?![\w/-])"
                     % "|".join(PACKAGES))
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
-FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 PLACEHOLDER = re.compile(r"[<>{}*$~\[\]]|\.\.\.")
 TEST_DEF = re.compile(r"^\s*(?:async )?def (test_\w+)", re.M)
 TEST_SPAN = re.compile(r"(?:[\w-]+\.py::)?(test_\w+)")
@@ -68,16 +69,16 @@ def file_names() -> frozenset[str]:
 
 
 def doc_texts() -> list[tuple[Path, int, str]]:
-    """(file, line, text) of the docs' prose and code spans; fenced blocks are commands."""
+    """(file, line, text) of every line of the docs, fenced commands and examples included."""
     out = []
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
-        text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), doc.read_text())
-        out += [(doc, no, line) for no, line in enumerate(text.splitlines(), 1)]
+        out += [(doc, no, line) for no, line in enumerate(doc.read_text().splitlines(), 1)]
     return out
 
 
 def code_texts() -> list[tuple[Path, int, str]]:
-    """(file, line, text) of every comment and docstring line of the product code."""
+    """(file, line, text) of every comment and string line (docstrings, messages) of the
+    product code."""
     out = []
     for root in CODE_ROOTS:
         for path in sorted((REPO / root).rglob("*.py")):
@@ -88,21 +89,20 @@ def code_texts() -> list[tuple[Path, int, str]]:
                 if tok.type == tokenize.COMMENT:
                     out.append((path, tok.start[0], tok.string))
             for node in ast.walk(ast.parse(source)):
-                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                                     ast.AsyncFunctionDef)) and node.body:
-                    first = node.body[0]
-                    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                            and isinstance(first.value.value, str):
-                        for k, line in enumerate(first.value.value.splitlines()):
-                            out.append((path, first.lineno + k, line))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    for k, line in enumerate(node.value.splitlines()):
+                        out.append((path, node.lineno + k, line))
     return out
 
 
 @functools.lru_cache(maxsize=1)
 def defined_tests() -> frozenset[str]:
+    """Every `def test_...` here: the tests, and product functions so named (a client's
+    `test_webhook`)."""
     names: set[str] = set()
-    for path in (REPO / "tests").rglob("*.py"):
-        names |= set(TEST_DEF.findall(path.read_text()))
+    for root in ("tests", *CODE_ROOTS):
+        for path in (REPO / root).rglob("*.py"):
+            names |= set(TEST_DEF.findall(path.read_text()))
     return frozenset(names)
 
 
@@ -175,24 +175,25 @@ def names_in(body: list[ast.stmt]) -> dict[str, ast.AST]:
 
 
 def attributes_resolve(module: Path, dotted_module: str, attrs: list[str]) -> bool:
-    """From the source; by importing when the source alone cannot tell (inherited
-    attributes, names made at run time)."""
+    """From the source (definitions, assignments, imports, class bodies, submodules of a
+    package); by importing where the source alone cannot tell (inherited attributes, names
+    made at run time)."""
     scope: list[ast.stmt] | None = parsed(module).body
-    for attr in attrs:
-        if scope is None:
-            break
-        node = names_in(scope).get(attr)
-        if node is None:
-            sub = module_file(f"{dotted_module}.{attr}") if module.name == "__init__.py" else None
-            if sub is not None:
-                module, dotted_module, scope = sub, f"{dotted_module}.{attr}", parsed(sub).body
-                continue
-            break
-        scope = node.body if isinstance(node, ast.ClassDef) else None
-        if scope is None and attr == attrs[-1]:
-            return True
-    else:
-        return True
+    walked: list[str] = []  # attributes of dotted_module found so far
+    for i, attr in enumerate(attrs):
+        node = names_in(scope).get(attr) if scope is not None else None
+        if node is not None:
+            scope = node.body if isinstance(node, ast.ClassDef) else None
+            walked.append(attr)
+            continue
+        sub = module_file(f"{dotted_module}.{attr}") if not walked else None
+        if sub is None:
+            return imports_with(dotted_module, walked + attrs[i:])
+        module, dotted_module, scope = sub, f"{dotted_module}.{attr}", parsed(sub).body
+    return True
+
+
+def imports_with(dotted_module: str, attrs: list[str]) -> bool:
     try:
         obj = importlib.import_module(dotted_module)
     except Exception:  # a module that does not import does not resolve
@@ -257,9 +258,10 @@ def test_a_stale_citation_does_not_resolve():
     for good in ("store/jobs.py", "tests/support/", "layer.py", "trainer.spec.JobSpec",
                  "trainer.spec.JobSpec.model_fields", "store.tables.Job", "cli.main:app",
                  "trainer.graders.sandbox.layer.sandbox_layer", "img/", "bench/out/x.json",
-                 "test_links_in_the_docs_resolve"):
+                 "test_links_in_the_docs_resolve", "trainer.graders.sandbox_layer",
+                 "store.tables.Job.status", "trainer.spec.JobSpec.model_validate"):
         assert resolves(good, here), good
     for stale in ("store/models.py", "runner_gone.py", "trainer.spec.NoSuchSpec",
                   "trainer.step.update", "api.task_probe", "cli.main:no_app", "docs/nothing/",
-                 "test_no_such_test"):
+                 "test_no_such_test", "trainer.graders.no_such_name", "store.tables.Job.no_column"):
         assert not resolves(stale, here), stale

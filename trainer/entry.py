@@ -1,5 +1,6 @@
-"""`train`: the one entry point. A job on one process runs the loop here; a job that asks for
-`resources.gpus_per_node` > 1 is handed to the launcher, whose ranks run the same loop."""
+"""`train`: the one entry point. A job on one process runs the loop here; a job of more ranks
+(`resources.nodes x gpus_per_node` > 1) is handed to a launcher, whose ranks run the same loop:
+the deployment's (BRORL_LAUNCHER) on one node, Ray's across nodes."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,11 +20,14 @@ def train(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool], res
     weights after it. `resume` is a checkpoint folder of the same spec. `on_step(step, values)`
     is an optional progress callback (the CLI's progress bar).
     """
-    if spec.resources.gpus_per_node > 1:
+    if spec.resources.world_size > 1:
         from trainer.distributed.launch import train_on_ranks
+        from trainer.distributed.launchers import launcher_named
 
+        # Only Ray places ranks on other nodes; one node's job goes to the deployment's launcher.
+        launcher = launcher_named("ray") if spec.resources.nodes > 1 else None
         return train_on_ranks(spec, sink, should_stop, resume, out_dir=Path(out_dir),
-                              dataset_path=dataset_path, on_step=on_step)
+                              dataset_path=dataset_path, on_step=on_step, launcher=launcher)
     from trainer.loop import train_in_process
 
     return train_in_process(spec, sink, should_stop, resume, out_dir=Path(out_dir),

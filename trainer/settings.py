@@ -15,6 +15,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PREFIX = "BRORL_"
 
 
+# What BRORL_LAUNCHER may name: name -> "module:class" of a `trainer.distributed.launchers`
+# Launcher, imported only when chosen (a launcher's library, e.g. ray, stays optional for
+# deployments that do not use it). Kept here rather than with the launchers, which read these
+# settings: reading the settings never imports a launcher.
+LAUNCHERS: dict[str, str] = {"local": "trainer.distributed.local:LocalLauncher",
+                             "ray": "trainer.distributed.ray_launcher:RayLauncher"}
+DEFAULT_LAUNCHER = "local"
+
+
 class TrainerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore")
 
@@ -24,13 +33,18 @@ class TrainerSettings(BaseSettings):
     rank_stop_grace_s: float = Field(120.0, gt=0, description="seconds ranks get to stop before a kill")
     task_build_timeout_s: float = Field(600.0, gt=0, description="time a task's dataset may take to build")
     task_build_memory_mb: int = Field(8192, ge=64, description="memory a task's build may add")
-    launcher: str = Field("local", description="what starts a many-rank job's ranks (trainer.distributed.launchers)")
+    launcher: str = Field(DEFAULT_LAUNCHER, description="what starts a many-rank job's ranks (trainer.distributed.launchers)")
+    # The ray launcher (trainer.distributed.ray_launcher); a multi-node job uses it whatever BRORL_LAUNCHER says.
+    ray_address: str = Field("", description="the Ray cluster the ray launcher joins (ray.init's address)")
+    ray_gpu_resource: str = Field("GPU", min_length=1, description="the Ray resource one rank takes "
+                                  "(a custom one on CPU-only clusters)")
+    ray_cpus_per_rank: float = Field(1.0, gt=0, description="CPUs reserved per rank in a node's bundle")
+    ray_placement_timeout_s: float = Field(0.0, ge=0, description="how long a job waits for its nodes "
+                                           "before it fails (0: until cancelled)")
 
     @field_validator("launcher")
     @classmethod
     def _known_launcher(cls, v: str) -> str:
-        from trainer.distributed.launchers import LAUNCHERS  # the registry, kept with the launchers
-
         if v not in LAUNCHERS:
             raise ValueError(f"no such launcher; choose one of {', '.join(sorted(LAUNCHERS))}")
         return v

@@ -267,24 +267,25 @@ MAX_GPUS_PER_NODE = 64
 class ResourcesSpec(_Frozen):
     """What one job runs on: `gpus_per_node` trainer processes (ranks) on each of `nodes` nodes.
 
-    gpus_per_node > 1 runs the job under torchrun on that many ranks of one node, the policy
-    sharded with FSDP2 (a LoRA job: the base replicated on every rank, the adapter's gradients
-    all-reduced; on a CPU worker each rank is one process, gloo); multi-node is designed
-    (README, Many GPUs) but does not run yet, so nodes > 1 is refused at submission.
+    More than one rank in all (`world_size`) runs the job on that many ranks, the policy sharded
+    with FSDP2 (a LoRA job: the base replicated on every rank, the adapter's gradients
+    all-reduced; on a CPU worker each rank is one process, gloo): on one node under torchrun,
+    on several through the Ray launcher, which a deployment serves only where it is set up
+    (BRORL_RAY_ADDRESS, BRORL_RAY_MAX_NODES: the API refuses nodes > 1 elsewhere).
     """
 
     gpus_per_node: int = Field(1, ge=1, le=MAX_GPUS_PER_NODE,
                                description="Trainer processes (ranks), one per GPU, on the job's node. The "
                                            "deployment must serve that count (BRORL_GPU_COUNTS); more "
                                            "than 1 needs optim.optimizer_state fp32.")
-    nodes: int = Field(1, ge=1, le=1024, description="Nodes; only 1 is supported (more is refused).")
+    nodes: int = Field(1, ge=1, le=1024, description="Nodes, each running gpus_per_node ranks; more than "
+                       "1 only where the deployment serves multi-node jobs (BRORL_RAY_ADDRESS, "
+                       "BRORL_RAY_MAX_NODES), placed all at once by Ray.")
 
-    @model_validator(mode="after")
-    def _one_node(self) -> "ResourcesSpec":
-        if self.nodes > 1:
-            raise FieldError("resources.nodes", f"{self.nodes} nodes asked: multi-node is not yet "
-                             "supported, use nodes: 1 (README, Many GPUs)")
-        return self
+    @property
+    def world_size(self) -> int:
+        """Ranks in all."""
+        return self.nodes * self.gpus_per_node
 
 
 class LimitsSpec(_Frozen):
@@ -346,10 +347,10 @@ class JobSpec(_Frozen):
     @model_validator(mode="after")
     def _ranks_use_plain_adamw(self) -> "JobSpec":
         # (A LoRA job is not sharded; its own rule below refuses these states on any count.)
-        if self.resources.gpus_per_node > 1 and self.optim.optimizer_state != "fp32" and self.model.lora is None:
+        if self.resources.world_size > 1 and self.optim.optimizer_state != "fp32" and self.model.lora is None:
             raise FieldError("optim.optimizer_state",
                              f"{self.optim.optimizer_state} is not supported on many ranks "
-                             f"(resources.gpus_per_node {self.resources.gpus_per_node}): FSDP2 shards the "
+                             f"(resources: {self.resources.world_size} ranks in all): FSDP2 shards the "
                              "fp32 AdamW state over the ranks instead; use fp32")
         return self
 

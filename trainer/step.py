@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.distributed import collectives as distributed
+from trainer import collectives as distributed
 from trainer.run import Run
 from trainer.samples import step_samples
 from trainer.graders.scorer import step_metrics as grader_step_metrics

@@ -112,6 +112,7 @@ def settings(tmp_path: Path, database_url: str) -> Settings:
         database_url=database_url,
         broker_url=f"sqla+sqlite:///{data_dir / 'broker.db'}",
         max_upload_bytes=UPLOAD_LIMIT,
+        webhook_dispatch=False,  # tests/api/test_webhooks.py sends deliveries itself
     )
 
 

@@ -87,13 +87,14 @@ def test_unchanged_metrics_page_is_a_304(client, auth, database_url, running_job
     assert [m["step"] for m in changed.json()["data"]] == [1, 2]
 
 
+# Terminating backends is PostgreSQL's: this test has no SQLite variant.
+@pytest.mark.parametrize("database_url", [pytest.param("postgres", marks=pytest.mark.postgres)],
+                         indirect=True)
 def test_metrics_page_survives_connections_the_server_dropped(client, auth, database_url,
                                                              running_job):
     """The hot route's engine has no pre-ping: a dropped pooled connection is retried once."""
     from sqlalchemy import text
 
-    if not database_url.startswith("postgresql"):
-        pytest.skip("terminating backends needs PostgreSQL")
     job_id, attempt = running_job
     _write_steps(database_url, job_id, attempt, [1])
     url = f"/v1/jobs/{job_id}/metrics"

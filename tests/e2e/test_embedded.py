@@ -56,7 +56,8 @@ def _alive(pid: int) -> bool:
 def stack(tmp_path_factory) -> Iterator[Stack]:
     with running_stack(tmp_path_factory.mktemp("embedded"), {
             "BRORL_TRAINER_ENTRYPOINT": FAKE_ENTRYPOINT, "BRORL_HEARTBEAT_SECONDS": "0.5",
-            "BRORL_REAPER_INTERVAL_SECONDS": "5"}) as stack:
+            "BRORL_REAPER_INTERVAL_SECONDS": "5",
+            "BRORL_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8"}) as stack:  # the webhook test's receiver
         yield stack
 
 
@@ -190,6 +191,33 @@ def test_dataset_upload_and_a_job_on_it(stack: Stack, key: str, client: BrorlCli
     spec["task"] = {"dataset": {"id": dataset_id, "verifier": "numeric"}}
     job = _final(client, client.submit(spec)["id"], stack)
     assert job["status"] == "succeeded", job
+
+
+def test_a_webhook_tells_of_a_job_that_succeeded(stack: Stack, key: str, client: BrorlClient):
+    """Registered with the CLI, told by the running API's own dispatcher (the worker writes the
+    events, the outbox carries them), signed, and shown delivered in the CLI's log."""
+    from standardwebhooks import Webhook
+
+    from tests.api.test_webhooks import Receiver
+
+    receiver = Receiver()
+    try:
+        created = stack.brorl("webhooks", "create", receiver.url, "--event", "job.succeeded",
+                              "--event", "job.checkpoint_saved", key=key)
+        assert created.returncode == 0, created.stdout + created.stderr
+        endpoint_id, secret = created.stdout.split()[0], re.search(r"whsec_\S+", created.stdout).group(0)
+        job = _final(client, client.submit(make_spec("told"))["id"], stack)
+        assert job["status"] == "succeeded", job
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(b"job.succeeded" in r["body"] for r in receiver.requests):
+            time.sleep(0.2)
+        told = [Webhook(secret).verify(r["body"], r["headers"]) for r in receiver.requests]
+        assert [t["type"] for t in told] == ["job.checkpoint_saved", "job.succeeded"], told
+        assert {t["data"]["id"] for t in told} == {job["id"]}
+        log = stack.brorl("webhooks", "deliveries", endpoint_id, key=key)
+        assert log.returncode == 0 and log.stdout.count("delivered") == 2, log.stdout
+    finally:
+        receiver.close()
 
 
 def test_ctrl_c_stops_everything(stack: Stack):

@@ -1,5 +1,6 @@
 """What the suite needs from the machine, in one place: servers (PostgreSQL, Redis), programs
-(bubblewrap, Chromium, docker compose, WordNet's data) and the packages of the `cpu` extra.
+(bubblewrap, Chromium, docker compose, WordNet's data), the packages of the `cpu` extra, and
+root where a test mounts or drops privileges.
 
 A test that needs one calls `require_service(name, why_missing)` (or carries the
 `needs_service` mark). When it is missing the test is skipped, with the reason, on a

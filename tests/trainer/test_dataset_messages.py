@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from trainer.graders.dataset_check import check_rows_for
 from trainer.graders.scorer import example_item
 from trainer.spec import DatasetTask, TaskSpec
 from trainer.tasks import dataset_task
@@ -167,7 +168,7 @@ def test_chat_template_rendering():
 
 def _check(rows, grader) -> None:
     task = TaskSpec(dataset={"id": "ds_x"}, grader=grader)
-    dataset_task.check_rows_for(io.BytesIO(_jsonl(*rows)), task, MAX_LINE)
+    check_rows_for(io.BytesIO(_jsonl(*rows)), task, MAX_LINE)
 
 
 def test_submission_checks_the_fields_of_the_item_the_grader_sees():

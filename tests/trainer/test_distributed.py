@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from trainer.distributed import collectives as distributed
+from trainer import collectives as distributed
 from trainer.algo.advantages import ADVANTAGES
 from trainer.rollouts import Generation, Rollouts
 from trainer.spec import JobSpec

@@ -4,7 +4,7 @@ checkpoint resumes on another rank count.
 The base is replicated, not sharded: each rank holds the whole frozen base and the same
 adapter (rank 0's), runs its own share of the batch (its own number of micro-batches, with
 the shared-prefix forward), and the adapter's gradients are SUM all-reduced once per
-mini-batch (trainer/distributed/collectives.py). The KL reference is the base with the adapter off.
+mini-batch (trainer/collectives.py). The KL reference is the base with the adapter off.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 from tests.trainer.test_distributed import GROUPS, SPEC, _batch, _local_batch, _model, spawn
 from trainer.algo.advantages import ADVANTAGES
-from trainer.distributed import collectives as distributed
+from trainer import collectives as distributed
 from trainer.models.lora import AdapterReference, adapter_state, apply_lora, load_adapter, trainable_parameters
 from trainer.optim.update import UpdateConfig
 from trainer.spec import JobSpec, LoraSpec

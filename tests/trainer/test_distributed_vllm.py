@@ -18,7 +18,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.trainer.test_distributed import spawn
-from trainer.distributed import collectives as distributed
+from trainer import collectives as distributed
 from tests.support.services import require_module
 
 pytestmark = pytest.mark.integration  # every test starts two gloo ranks

@@ -42,7 +42,7 @@ def test_code_dataset_reference_solutions_pass():
 
 def test_the_code_job_example_validates_with_its_grader():
     from trainer.spec import load_spec
-    from trainer.tasks.dataset_task import check_rows_for
+    from trainer.graders.dataset_check import check_rows_for
 
     spec = load_spec(Path(__file__).parents[2] / "examples" / "graders" / "code_spec.yaml")
     assert spec.task.grader["type"] == "code"

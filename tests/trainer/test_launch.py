@@ -125,7 +125,7 @@ def test_the_rank_torchrun_terminated_is_not_the_one_blamed():
 
 PEER_DIES = """
 import json, os, signal, sys, torch, torch.distributed as dist
-from trainer.distributed.collectives import is_peer_failure
+from trainer.collectives import is_peer_failure
 dist.init_process_group("gloo")
 x = torch.ones(4096)
 for i in range(200):

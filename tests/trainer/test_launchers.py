@@ -92,11 +92,11 @@ def test_the_deployment_s_launcher_is_local_unless_named(monkeypatch):
 
 
 def test_an_unknown_launcher_is_an_error_naming_the_setting_and_the_choices(monkeypatch, tmp_path):
-    with pytest.raises(ValueError, match=r"BRORL_LAUNCHER='ray'.*local"):
-        trainer_settings({"BRORL_LAUNCHER": "ray"})
+    with pytest.raises(ValueError, match=r"BRORL_LAUNCHER='mpi'.*local, ray"):
+        trainer_settings({"BRORL_LAUNCHER": "mpi"})
     with pytest.raises(ValueError, match=r"BRORL_LAUNCHER='slurm'.*local"):
         launcher_named("slurm")
-    monkeypatch.setenv("BRORL_LAUNCHER", "ray")
+    monkeypatch.setenv("BRORL_LAUNCHER", "mpi")
     with pytest.raises(ValueError, match="BRORL_LAUNCHER"):  # before anything starts
         launch.train_on_ranks(SPEC, ListSink(), lambda: False, out_dir=tmp_path)
     assert not (tmp_path / "ranks").exists()

@@ -6,9 +6,9 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from tests.trainer.test_update_fast import _batch
+from trainer.checkpoints.io import write_merged
 from trainer.models.lora import (AdapterReference, LoraTargetError, apply_lora, load_adapter,
-                                 merged_state_dict, reference_model, trainable_parameters,
-                                 write_merged)
+                                 merged_state_dict, reference_model, trainable_parameters)
 from trainer.models.tiny import build_tokenizer
 from trainer.optim.update import UpdateConfig, ppo_update, sequence_logprobs
 from trainer.spec import LoraSpec

@@ -99,10 +99,13 @@ def test_resources_defaults_bounds_and_one_node():
     assert make(resources={"gpus_per_node": 4}).resources.gpus_per_node == 4
     assert field_of({"name": "t", "task": RG, "resources": {"gpus_per_node": 0}}) == ["resources.gpus_per_node"]
     assert field_of({"name": "t", "task": RG, "resources": {"gpus_per_node": 65}}) == ["resources.gpus_per_node"]
-    with pytest.raises(ValidationError) as exc:
-        make(resources={"nodes": 2})
-    [err] = spec_errors(exc.value)
-    assert err["field"] == "resources.nodes" and "multi-node is not yet supported" in err["message"]
+    # Many nodes validate here; whether a deployment serves them is the API's check (check_nodes).
+    two = make(resources={"nodes": 2, "gpus_per_node": 4})
+    assert (two.resources.nodes, two.resources.world_size) == (2, 8)
+    assert field_of({"name": "t", "task": RG, "resources": {"nodes": 0}}) == ["resources.nodes"]
+    # 2 nodes x 1 GPU are many ranks: FSDP2 shards, so only fp32 AdamW state.
+    assert field_of({"name": "t", "task": RG, "resources": {"nodes": 2},
+                     "optim": {"optimizer_state": "bf16"}}) == ["optim.optimizer_state"]
 
 
 def test_lora_runs_on_many_ranks_and_keeps_its_true_refusals():

@@ -34,7 +34,7 @@ def test_vllm_serves_each_adapter_version_with_the_trainers_logprobs(tmp_path):
     try:
         for version, shift in ((2, 0.0), (3, 0.02)):  # version 1: the zero adapter at start-up
             _kick(model, shift)
-            assert engine.sync_weights(model) >= 0 and engine.version == version
+            assert 0 < engine.sync_weights(model) < 60 and engine.version == version  # seconds
             sent = {p.name for p in (engine.adapters / f"v{version}").iterdir()}
             assert "adapter_model.safetensors" in sent and "model.safetensors" not in sent  # adapter only
             assert engine.sync_check_diff(model) < 1e-4

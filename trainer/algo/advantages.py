@@ -51,7 +51,7 @@ def whiten(x: torch.Tensor, eps: float = 1e-6, weights: torch.Tensor | None = No
     otherwise turn an all-equal batch into O(1) advantages. With `weights` (each sample's
     response length) mean and std are over tokens, as OpenRLHF's `reinforce_baseline`:
     every token, not every sample, then has zero-mean unit-variance advantage.
-    `reduce` sums a tensor of partial sums over ranks (trainer.distributed.collectives.all_sum) when the
+    `reduce` sums a tensor of partial sums over ranks (trainer.collectives.all_sum) when the
     batch is split across processes; the moments are then the whole batch's.
     """
     reduce = reduce or (lambda t: t)

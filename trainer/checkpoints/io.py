@@ -34,8 +34,8 @@ import torch
 from safetensors.torch import load_file, save_file, save_model
 
 from trainer.checkpoints import format as ckpt_format
-from trainer.distributed import collectives as distributed
-from trainer.models.lora import MERGED_DIR, has_an_adapter, write_merged
+from trainer import collectives as distributed
+from trainer.models.lora import has_an_adapter, merged_state_dict
 from trainer.checkpoints.format import CheckpointError, list_checkpoints, verify  # noqa: F401 - re-exported
 
 PREFIX = ckpt_format.PREFIX
@@ -91,7 +91,7 @@ def _write_folder(tmp: Path, state: TrainerState, policy, tokenizer, optimizer, 
         policy.save_pretrained(tmp, safe_serialization=True)  # LoRA: PEFT's adapter files
         tokenizer.save_pretrained(tmp)
         if has_an_adapter(policy):
-            merged_bytes = write_merged(policy, tokenizer, tmp / MERGED_DIR)
+            merged_bytes = write_merged(policy, tokenizer, tmp / ckpt_format.MERGED_DIR)
     ts = tmp / "trainer_state"
     ts.mkdir(exist_ok=True)
     (ts / "state.json").write_text(json.dumps(asdict(state), indent=1))
@@ -198,3 +198,23 @@ def load_state(folder: Path, optimizer, ref_model, policy=None) -> TrainerState:
         # Whichever tied name the file kept; on ranks each keeps its shard of the reference.
         distributed.load_full_weights(ref_model, load_file(str(ts / "ref.safetensors")))
     return state
+
+
+def write_merged(model: torch.nn.Module, tokenizer, folder: Path) -> int:
+    """An HF model folder of the merged weights, with its own manifest: loads with
+    `from_pretrained` and in vLLM without peft. Weights in the base's dtype (the compute
+    dtype). Returns its size in bytes."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    weights, tied = merged_state_dict(model)
+    base = model.get_base_model()
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    base.config.save_pretrained(folder)
+    if not tied:  # an adapter on the output head untied it from the embeddings
+        config = json.loads((folder / "config.json").read_text())
+        config["tie_word_embeddings"] = False
+        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if base.generation_config is not None:
+        base.generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return ckpt_format.write_manifest(folder)[0]

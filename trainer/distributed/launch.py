@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from trainer.distributed.launchers import DEFAULT, Launcher, configured_launcher, launcher_named
+from trainer.distributed.launchers import Launcher, configured_launcher, launcher_named
 from trainer.distributed.protocol import ControlFolder, JobMessage
 from trainer.result import TrainResult
-from trainer.settings import trainer_settings
+from trainer.settings import DEFAULT_LAUNCHER, trainer_settings
 from trainer.sink import MetricsSink, replay
 from trainer.spec import JobSpec
 
@@ -88,14 +88,12 @@ def train_on_ranks(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], b
                    launcher: Launcher | None = None) -> TrainResult:
     """`trainer.entry.train` on the ranks `spec.resources` asks for; same contract. `launcher`:
     the deployment's (`BRORL_LAUNCHER`) when not given."""
-    from trainer.events import PhaseProgress
     from trainer.run import prepare_tiny_model
     from trainer.stop import StopRequested, stop_check
 
     launcher = launcher or configured_launcher()
     try:
-        # Where a cancel reaches it, its progress reported as the ranks' own phases would be.
-        prepare_tiny_model(spec, dataset_path, stop_check(should_stop), PhaseProgress(sink))
+        prepare_tiny_model(spec, dataset_path, stop_check(should_stop))  # where a cancel reaches it
     except StopRequested:
         return TrainResult.stopped_before_start()
     control = ControlFolder.fresh(out_dir)
@@ -140,7 +138,7 @@ def _outcome(control: Path, rc: int, stop_asked: bool, relay: _Relay, launcher: 
                            last_checkpoint=relay.last_checkpoint)
     # No rank raised an error of its own: one died (a signal, the OOM killer) and the others'
     # collectives broke on it, or the launcher took them down.
-    launcher = launcher or launcher_named(DEFAULT)
+    launcher = launcher or launcher_named(DEFAULT_LAUNCHER)
     text = folder.text(launcher.log_name)
     log.error("the ranks exited %s; the %s launcher's log ends:\n%s", rc, launcher.name, text[-4000:])
     for r in sorted(errors):

@@ -9,7 +9,7 @@ starts processes; it never reads the job's messages, and the ranks never know wh
 started them.
 
 A second launcher (Ray, across nodes) is a subclass of `Launcher` and `Ranks` in a module of its
-own, registered in `LAUNCHERS` below, and chosen with `BRORL_LAUNCHER`.
+own, registered in `trainer.settings.LAUNCHERS`, and chosen with `BRORL_LAUNCHER`.
 """
 from __future__ import annotations
 
@@ -18,14 +18,10 @@ from abc import ABC, abstractmethod
 from typing import Callable, ClassVar
 
 from trainer.distributed.protocol import ControlFolder
+from trainer.settings import LAUNCHERS, trainer_settings
 from trainer.spec import JobSpec
 
 RANK_MODULE = "trainer.distributed.rank_main"
-
-# name -> "module:class"; imported only when chosen (a launcher's library, e.g. ray, stays
-# optional for deployments that do not use it).
-LAUNCHERS: dict[str, str] = {"local": "trainer.distributed.local:LocalLauncher"}
-DEFAULT = "local"
 
 
 class Ranks(ABC):
@@ -57,8 +53,7 @@ class Launcher(ABC):
         """Start the job's ranks on `control` (its job.json is written). Returns at once: a
         launcher that must first wait for machines (all of a job's nodes or none) returns ranks
         that poll as running meanwhile, so a cancel reaches the wait, and says what it waits
-        for through `event(type, data)` (the job's event stream): a `trainer.events.EventType`,
-        `progress` with phase `launch` for a wait (any other type raises)."""
+        for through `event(type, data)` (the job's event stream)."""
 
     @abstractmethod
     def dead_rank(self, control: ControlFolder, raised: set[int]) -> tuple[int | None, int | None]:
@@ -77,6 +72,4 @@ def launcher_named(name: str) -> Launcher:
 
 def configured_launcher() -> Launcher:
     """The deployment's launcher (`BRORL_LAUNCHER`, default `local`)."""
-    from trainer.settings import trainer_settings
-
     return launcher_named(trainer_settings().launcher)

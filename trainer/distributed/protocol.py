@@ -57,7 +57,7 @@ class JobMessage:
 @dataclass(frozen=True)
 class ErrorReport:
     """rank -> worker: an exception a rank raised. `peer_failure`: a collective broken by another
-    rank's death (`collectives.is_peer_failure`), so the death, not this rank, is to blame."""
+    rank's death (`trainer.collectives.is_peer_failure`), so the death, not this rank, is to blame."""
 
     type: str
     message: str

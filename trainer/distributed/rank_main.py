@@ -14,7 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from trainer.distributed import collectives as distributed
+from trainer import collectives as distributed
 from trainer.distributed.protocol import ControlFolder, ErrorReport
 
 

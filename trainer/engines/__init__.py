@@ -29,7 +29,7 @@ def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *
     the adapter through its own LoRA support (`trainer/engines/vllm_lora.py`); the HF engine
     runs the PeftModel itself.
     """
-    from trainer.models.loading import resolve_dtype
+    from trainer.precision import DTYPES, resolve_dtype
 
     device = next(model.parameters()).device
     dtype = resolve_dtype(dtype, device)
@@ -37,8 +37,6 @@ def make_engine(kind: str, model_dir: Path, model: torch.nn.Module, tokenizer, *
         kind = default_engine(device)
     if kind == "hf":
         from trainer.engines.hf_engine import HFEngine
-
-        from trainer.models.loading import DTYPES
 
         # The HF engine runs the trainer's float32 master weights under the compute dtype's
         # autocast: the same bf16 numerics the trainer's forwards use.

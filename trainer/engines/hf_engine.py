@@ -32,9 +32,9 @@ import time
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from trainer.distributed.collectives import iter_full_state
+from trainer.collectives import iter_full_state
 from trainer.engines.base import WeightSyncError
-from trainer.optim.update import autocast
+from trainer.precision import autocast
 from trainer.rollouts import Generation, SamplingConfig
 
 # Key/value cache one generation chunk may hold (keys and values of every layer, all rows at

@@ -40,10 +40,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
 
-from trainer.distributed import collectives as distributed  # noqa: E402
+from trainer import collectives as distributed  # noqa: E402
 from trainer.engines.base import (WeightSyncError, logprob_tolerance, sync_check_tokens,  # noqa: E402
                                   trainer_token_logprobs)
-from trainer.models.loading import DTYPES  # noqa: E402
+from trainer.precision import DTYPES  # noqa: E402
 from trainer.rollouts import Generation, SamplingConfig  # noqa: E402
 
 log = logging.getLogger(__name__)

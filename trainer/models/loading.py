@@ -9,29 +9,11 @@ from pathlib import Path
 
 import torch
 
-# Every dtype name a spec or an engine may use, and its torch dtype.
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
+from trainer.precision import DTYPES, resolve_dtype
 
 def resolve_device() -> torch.device:
     """cuda if a GPU is visible, else cpu."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_dtype(dtype: str, device: torch.device | str) -> str:
-    """The spec's dtype as a concrete name: `auto` = bfloat16 on CUDA, float32 on CPU.
-
-    float32 on CPU because bf16 matmuls there are slow on most CPUs and the engine/trainer
-    log-prob agreement (the weight-sync check) is much tighter in float32.
-    """
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if torch.device(device).type == "cuda" else "float32"
-
-
-def compute_dtype(dtype: str, device: torch.device | str) -> torch.dtype:
-    """The torch dtype forwards run in (under autocast when it is not float32)."""
-    return DTYPES[resolve_dtype(dtype, device)]
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:

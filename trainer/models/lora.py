@@ -21,12 +21,10 @@ The KL reference is the same model object, never a copy:
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
 import torch
 
-from trainer.checkpoints.format import MERGED_DIR, write_manifest
 from trainer.spec import LoraSpec
 
 ADAPTER = "default"            # peft's adapter name; the trainer trains exactly one
@@ -124,7 +122,7 @@ class AdapterReference(torch.nn.Module):
         return result
 
     def copy_weights_from(self, policy: torch.nn.Module) -> None:
-        """A reference reset (`trainer.distributed.collectives.copy_weights`): snapshot the adapter."""
+        """A reference reset (`trainer.collectives.copy_weights`): snapshot the adapter."""
         self.load_state_dict(policy.state_dict())
 
     @contextlib.contextmanager
@@ -204,25 +202,3 @@ def merged_state_dict(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], 
         else:
             tied = False
     return out, tied
-
-
-def write_merged(model: torch.nn.Module, tokenizer, folder: Path) -> int:
-    """An HF model folder of the merged weights, with its own manifest: loads with
-    `from_pretrained` and in vLLM without peft. Weights in the base's dtype (the compute
-    dtype). Returns its size in bytes."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    weights, tied = merged_state_dict(model)
-    base = model.get_base_model()
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    base.config.save_pretrained(folder)
-    if not tied:  # an adapter on the output head untied it from the embeddings
-        config = json.loads((folder / "config.json").read_text())
-        config["tie_word_embeddings"] = False
-        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if base.generation_config is not None:
-        base.generation_config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return write_manifest(folder)[0]

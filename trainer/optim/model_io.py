@@ -1,22 +1,13 @@
 """What the update needs to know of an HF causal LM: whether its head can be applied a slice at
-a time, how to take its last hidden states instead of its logits, and its autocast."""
+a time and how to take its last hidden states instead of its logits (its autocast:
+`trainer.precision`)."""
 from __future__ import annotations
 
 import contextlib
 
 import torch
 
-from trainer.distributed import collectives as distributed
-
-
-def autocast(device: torch.device, compute_dtype: torch.dtype):
-    """bf16 autocast around a forward when the compute dtype is not float32 (CPU too)."""
-    if compute_dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=compute_dtype)
-
-
-# ----------------------------------------------------------------------------- packing
+from trainer import collectives as distributed
 
 
 # Model types whose causal-LM forward is exactly `lm_head(last hidden state)` (no logit

@@ -7,7 +7,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from trainer.optim.logprobs import Segment
-from trainer.optim.model_io import autocast, hidden_states_out, sliced_head
+from trainer.optim.model_io import hidden_states_out, sliced_head
+from trainer.precision import autocast
 
 
 class Rows(list):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from trainer.distributed import collectives as distributed
+from trainer import collectives as distributed
 from trainer.algo.losses import (
     KL_ESTIMATORS,
     is_ratio,
@@ -44,7 +44,8 @@ from trainer.algo.losses import (
     token_sum,
 )
 from trainer.optim.logprobs import Segment, token_logp
-from trainer.optim.model_io import autocast, hidden_states_out, sliced_head
+from trainer.optim.model_io import hidden_states_out, sliced_head
+from trainer.precision import autocast
 from trainer.optim.packing import (Rows, _distinct_prompts, _packed_logits, _packed_prefix_logits, _per_sample,
                                    packed_micro_batches, packed_prefix_micro_batches)
 from trainer.rollouts import Rollouts
@@ -203,7 +204,7 @@ def uses_shared_prefix(model, prompt_ids, enabled: bool = True) -> bool:
     if not enabled or getattr(model, "is_gradient_checkpointing", False):
         return False
     # Sharded (FSDP2): one forward per micro-batch, so that ranks with fewer micro-batches can
-    # match the others' all-gathers with one zero-weight pass each (trainer/distributed/collectives.py).
+    # match the others' all-gathers with one zero-weight pass each (trainer/collectives.py).
     if distributed.is_sharded(model):
         return False
     return len({tuple(p) for p in prompt_ids}) < len(prompt_ids)
@@ -463,7 +464,7 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     if minibatch.advantages is None:
         raise ValueError("minibatch.advantages is None: compute advantages before the update")
     # On many ranks the mini-batch is the union of every rank's share: its token count (the
-    # loss denominator) and the statistics are sums over ranks (trainer/distributed/collectives.py).
+    # loss denominator) and the statistics are sums over ranks (trainer/collectives.py).
     n_tokens = int(distributed.all_sum_floats([sum(len(r) for r in minibatch.response_ids)])[0])
     totals = dict.fromkeys(STAT_KEYS, 0.0)
     chunks, shared = _chunks(model, minibatch.prompt_ids, minibatch.response_ids, max_tokens, cfg.shared_prefix,

@@ -10,13 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from trainer.spec import TaskSpec
-from trainer.tasks.base import Example, Task, VerifierSpec
+from trainer.tasks.base import Example, Task, TaskSection, VerifierSpec
 
 __all__ = ["Example", "Task", "VerifierSpec", "build_task"]
 
 
-def build_task_here(task_spec: TaskSpec, seed: int, dataset_path: Path | None = None) -> Task:
+def build_task_here(task_spec: TaskSection, seed: int, dataset_path: Path | None = None) -> Task:
     """The spec's reasoning-gym task, or its uploaded dataset read from `dataset_path`, built
     in this process (no limits: `build_task` is the one to call on tenant input)."""
     if task_spec.reasoning_gym is not None:
@@ -31,7 +30,7 @@ def build_task_here(task_spec: TaskSpec, seed: int, dataset_path: Path | None = 
                               need_answer=task_spec.grader is None)
 
 
-def build_task(task_spec: TaskSpec, seed: int, dataset_path: Path | None = None,
+def build_task(task_spec: TaskSection, seed: int, dataset_path: Path | None = None,
                stop_check: Callable[[], None] | None = None) -> Task:
     """`build_task_here` in a child process with the time and memory limits of
     `trainer.settings` (BRORL_TASK_BUILD_TIMEOUT_S, BRORL_TASK_BUILD_MEMORY_MB);

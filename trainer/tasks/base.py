@@ -63,3 +63,39 @@ class Task:
     train: list[Example]
     eval: list[Example]
     verifier_spec: VerifierSpec
+
+
+# What building a task reads of the job spec's `task` section (`trainer.spec_task`). The spec
+# sits above this package (its validators call `config_limits`), so the package names the
+# fields it reads instead of importing the spec's classes; the spec's models satisfy these.
+
+
+class ReasoningGymSection(Protocol):
+    """`task.reasoning_gym` (`trainer.spec_task.ReasoningGymTask`)."""
+
+    name: str
+    config: dict[str, Any]
+    train_size: int
+    eval_size: int
+    eval_disjoint: bool
+
+
+class DatasetSection(Protocol):
+    """`task.dataset` (`trainer.spec_task.DatasetTask`)."""
+
+    id: str
+    eval_fraction: float
+
+    @property
+    def verifier_name(self) -> str: ...
+
+    @property
+    def tolerance(self) -> float: ...
+
+
+class TaskSection(Protocol):
+    """`task` (`trainer.spec_task.TaskSpec`): one of a reasoning-gym task or a dataset."""
+
+    reasoning_gym: ReasoningGymSection | None
+    dataset: DatasetSection | None
+    grader: dict[str, Any] | None

@@ -8,8 +8,8 @@ Each line is a JSON object in one of two formats (docs/graders.md, Dataset forma
   (trainer.tasks.messages renders them).
 Any other JSON fields travel in the example's payload: a grader sees the whole row as its
 `item`. The reference answer, `answer` or else `reference_answer` (a string or a number), is
-needed only by what reads it: the built-in verifiers, or a grader whose templates name it;
-`check_rows_for` is the submission-time check of a dataset against the job's reward.
+needed only by what reads it: the built-in verifiers, or a grader whose templates name it
+(`trainer.graders.dataset_check` checks a dataset against the job's reward at submission).
 `count_valid_rows` is what the API's upload handler calls, so this module imports neither
 torch nor anything heavy.
 """
@@ -21,8 +21,7 @@ import random
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
 
-from trainer.spec import DatasetTask, FieldError, TaskSpec
-from trainer.tasks.base import Example, Task, Verifier, VerifierSpec
+from trainer.tasks.base import DatasetSection, Example, Task, Verifier, VerifierSpec
 from trainer.tasks.messages import MessagesError, parse_messages, plain_text
 from trainer.tasks.verifiers import ANSWER_CHECKS, VERIFIERS
 
@@ -127,7 +126,7 @@ def validate_jsonl(lines: Iterable[str | bytes], verifier: str | None = None,
     return rows
 
 
-def _capped_lines(fh: BinaryIO, max_line_bytes: int) -> Iterator[bytes]:
+def capped_lines(fh: BinaryIO, max_line_bytes: int) -> Iterator[bytes]:
     """The file's lines, never reading more than `max_line_bytes` of one line into memory."""
     line_no = 0
     while line := fh.readline(max_line_bytes + 1):
@@ -143,37 +142,10 @@ def count_valid_rows(fh: BinaryIO, max_line_bytes: int) -> int:
     What the API's upload runs: memory stays at one line (at most `max_line_bytes`) however
     large the file, where `validate_jsonl` keeps every row.
     """
-    count = sum(1 for _ in iter_rows(_capped_lines(fh, max_line_bytes), need_answer=False))
+    count = sum(1 for _ in iter_rows(capped_lines(fh, max_line_bytes), need_answer=False))
     if count == 0:
         raise DatasetFormatError(0, "has no examples")
     return count
-
-
-def check_rows_for(fh: BinaryIO, task: TaskSpec, max_line_bytes: int) -> None:
-    """FieldError when the dataset cannot feed the job's reward, one line at a time.
-
-    Without a grader every row needs an `answer` the verifier accepts; with one, every row
-    needs each top-level field the grader's templates (or its verifier / code type) read.
-    """
-    lines = _capped_lines(fh, max_line_bytes)
-    if task.grader is None:
-        verifier = task.dataset.verifier_name
-        try:
-            for _ in iter_rows(lines, verifier):
-                pass
-        except DatasetFormatError as exc:
-            raise FieldError("task.dataset.id", f"the {verifier} verifier cannot use this "
-                             f"dataset: {exc}") from None
-        return
-    from trainer.graders.schemas import parse_grader
-
-    fields = sorted(parse_grader(task.grader).item_fields())
-    for index, row in enumerate(iter_rows(lines, need_answer=False)):
-        keys = item_keys(row)
-        for name in fields:
-            if name not in keys:
-                raise FieldError("task.grader", f"reads item.{name}, but dataset row {index} "
-                                 f"has no field {name!r}")
 
 
 def item_keys(row: dict) -> set[str]:
@@ -215,7 +187,7 @@ def dedupe_by_prompt(rows: list[dict]) -> list[dict]:
     return out
 
 
-def build(spec: DatasetTask, path: Path, seed: int, need_answer: bool = True) -> Task:
+def build(spec: DatasetSection, path: Path, seed: int, need_answer: bool = True) -> Task:
     """The uploaded dataset at `path`, split deterministically by `seed` (`need_answer`:
     False when a grader, not the verifier, rewards the job)."""
     with open(path, "rb") as fh:

@@ -14,8 +14,7 @@ import functools
 import json
 from typing import Any
 
-from trainer.spec import ReasoningGymTask
-from trainer.tasks.base import Example, Task, Verifier, VerifierSpec
+from trainer.tasks.base import Example, ReasoningGymSection, Task, Verifier, VerifierSpec
 
 # Any large prime keeps the eval generator's seeds away from the train generator's.
 EVAL_SEED_OFFSET = 1_000_003
@@ -31,7 +30,7 @@ def _example(entry: dict) -> Example:
     return Example(question=str(entry["question"]), answer=str(entry["answer"]), payload=entry)
 
 
-def _eval_entries(spec: ReasoningGymTask, seed: int, seen: set[str]) -> list[dict]:
+def _eval_entries(spec: ReasoningGymSection, seed: int, seen: set[str]) -> list[dict]:
     """Up to eval_size entries of the eval seed whose questions are new and distinct."""
     # Bounded scan: a small task space cannot supply unseen questions forever.
     budget = 4 * spec.eval_size + 1000
@@ -60,7 +59,7 @@ def _move_from_train(train: list[dict], eval_: list[dict], wanted: int) -> tuple
     return kept, eval_ + list(moved.values())
 
 
-def build(spec: ReasoningGymTask, seed: int) -> Task:
+def build(spec: ReasoningGymSection, seed: int) -> Task:
     """The task's train split (seed) and eval split (seed + EVAL_SEED_OFFSET), disjoint in
     questions unless `spec.eval_disjoint` is false (then simply the eval seed's first items)."""
     dataset = _dataset(spec.name, spec.config, seed, spec.train_size)

@@ -1,0 +1,145 @@
+"""The Ray launcher on a Ray cluster of simulated nodes on this machine (`ray.cluster_utils.Cluster`:
+a head that runs nothing of ours and worker nodes with one `brorl_gpu` each, the custom
+resource that stands for a GPU here), gloo ranks, builtin:tiny:
+- one step on 2 nodes x 1 rank gives the parameters of 2 local ranks (torchrun) on the same job;
+- a job asking for more nodes than are free waits with an event and holds nothing while a
+  smaller job runs, and a cancel ends the wait;
+- a node removed mid-job fails the attempt as a machine fault (`RankDied`), and the next
+  attempt, on the nodes that are left, resumes from the checkpoint; a cancel mid-step stops
+  every rank at a step boundary; a fenced attempt kills them at once;
+- after each test no rank and no node agent is left, and the cluster's resources are all free.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task  # noqa: E402
+from trainer.distributed import launch, ray_launcher  # noqa: E402
+from trainer.distributed.protocol import ControlFolder  # noqa: E402
+from trainer.sink import ListSink  # noqa: E402
+from trainer.spec import JobSpec  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+GPU = "brorl_gpu"  # BRORL_RAY_GPU_RESOURCE here: a CPU-only cluster's stand-in for a GPU
+
+SPEC = {
+    "name": "ray", "seed": SHARED_SEED, "task": shared_task(),
+    "rollout": {"engine": "hf", "max_new_tokens": 24, "schedule": [{"n": 4, "prompts_per_step": 2, "steps": 4}]},
+    "optim": {"lr": 1e-4},
+    "algo": {"mini_batches": 1, "micro_batch_tokens": 256},
+    "eval": {"every": 100, "samples_per_prompt": 2, "k": [1]},
+    "checkpoint": {"every": 1, "keep_last": 2},
+}
+
+
+def spec(nodes: int, gpus: int = 1, steps: int = 4) -> JobSpec:
+    schedule = [{**SPEC["rollout"]["schedule"][0], "steps": steps}]
+    return JobSpec.model_validate({**SPEC, "rollout": {**SPEC["rollout"], "schedule": schedule},
+                                   "resources": {"nodes": nodes, "gpus_per_node": gpus}})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    prebuild(spec(1))  # the model every node's ranks load, built once in the shared cache
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    nodes = [c.add_node(num_cpus=1, resources={GPU: 1}) for _ in range(2)]
+    ray.init(address=c.address, namespace="brorl-tests", log_to_driver=False)
+    c.wait_for_nodes()
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture()
+def ray_env(cluster, monkeypatch):
+    monkeypatch.setenv("BRORL_RAY_GPU_RESOURCE", GPU)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    yield cluster
+    _assert_nothing_left()
+
+
+def _agents_alive() -> list[int]:
+    """Processes of our node agents (Ray names an actor's worker process after its class)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::NodeAgent"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _ranks_alive() -> list[int]:
+    """Rank processes of any job (every simulated node is this machine)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"trainer.distributed.rank_main" in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _assert_nothing_left(timeout: float = 30.0) -> None:
+    """No rank, no agent, no placement group of ours, every resource free again (a killed actor's
+    process and a removed group take a moment to go)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        groups = [v for v in ray.util.placement_group_table().values()
+                  if v["name"].startswith(ray_launcher.GROUP_PREFIX) and v["state"] != "REMOVED"]
+        free = ray.available_resources().get(GPU, 0) == ray.cluster_resources().get(GPU, 0)
+        left = (_ranks_alive(), _agents_alive(), groups, free)
+        if left[:3] == ([], [], []) and free:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left running: ranks {left[0]}, agents {left[1]}, groups {left[2]}, "
+                                 f"resources free: {free}")
+        time.sleep(0.2)
+
+
+def _train(job: JobSpec, out: Path, should_stop=lambda sink: False, resume=None):
+    sink = ListSink()
+    result = launch.train_on_ranks(job, sink, lambda: should_stop(sink), resume, out_dir=out,
+                                   launcher=ray_launcher.RayLauncher())
+    return sink, result
+
+
+def _last_step(sink: ListSink) -> int:
+    return max((r["step"] for r in sink.steps), default=-1)
+
+
+def _weights(ckpt: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(ckpt.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+
+def test_two_nodes_train_like_two_local_ranks(ray_env, tmp_path):
+    import torch
+
+    from trainer import train
+
+    local_sink = ListSink()
+    local = train(spec(1, gpus=2, steps=1), local_sink, lambda: False, out_dir=tmp_path / "local")
+    sink, result = _train(spec(2, steps=1), tmp_path / "ray")
+    assert (result.steps_completed, result.stopped) == (1, False)
+    assert [r["step"] for r in sink.steps] == [0, 1]  # rank 0's figures, relayed once
+    ray_weights, local_weights = _weights(result.last_checkpoint), _weights(local.last_checkpoint)
+    assert ray_weights.keys() == local_weights.keys() and ray_weights
+    for name, value in local_weights.items():
+        torch.testing.assert_close(ray_weights[name], value, rtol=0, atol=0, msg=name)
+    assert sink.steps[1]["loss"] == local_sink.steps[1]["loss"]
+    control = ControlFolder.of(tmp_path / "ray")
+    assert {"node-0.seen", "node-1.seen", "ray-node-0.log", "ray-node-1.log"} <= {p.name for p in control.path.iterdir()}
+    launched = [d for t, d in sink.events if t == "progress" and d.get("phase") == "launch"]
+    assert launched[-1]["finished"] and launched[-1]["message"] == "2 ranks started on 2 nodes"
