@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +17,7 @@ from trainer import collectives as distributed
 from trainer.run import RESUMED_COUNTERS, Run, build_run, spec_sha256
 from trainer.prompt_stream import mix_seed
 from trainer.evaluate import EvalContext, evaluate
+from trainer.events import EventType, Phase, PhaseProgress
 from trainer.algo.schedule import broaden, stage_for_step, stage_warning
 from trainer.result import TrainResult
 from trainer.sink import MetricsSink
@@ -39,9 +39,12 @@ def _eval_context(run: Run) -> EvalContext:
 
 def _evaluate(run: Run, sink: MetricsSink, step: int) -> dict[str, float]:
     run.stop_check()
-    values = evaluate(_eval_context(run), run.spec, seed=mix_seed(run.spec.seed, 104729))  # same draws each time
+    prompts, per = len(run.eval_ids), run.spec.eval.samples_per_prompt
+    with run.progress.phase(Phase.eval, f"evaluating at step {step}: {prompts} prompts x {per} samples",
+                            total=prompts * per, step=step):
+        values = evaluate(_eval_context(run), run.spec, seed=mix_seed(run.spec.seed, 104729))  # same draws each time
     values = distributed.from_rank0(values)  # the ranks' engines agree; one figure is reported
-    sink.event("eval", {"step": step, **values})
+    sink.event(EventType.eval, {"step": step, **values})
     return values
 
 
@@ -81,7 +84,7 @@ def _check_stall(run: Run, sink: MetricsSink, step: int, values: dict) -> None:
     run.stalled_steps = run.stalled_steps + 1 if reason else 0
     if reason and run.stalled_steps == run.spec.algo.stall_steps:
         message = f"no learning for {run.stalled_steps} steps in a row (to step {step}): {reason}"
-        sink.event("warning", {"step": step, "message": message})
+        sink.event(EventType.warning, {"step": step, "message": message})
         log.warning(message)
         if run.spec.algo.fail_on_stall:
             raise StallError(message + " (algo.fail_on_stall is set)")
@@ -95,7 +98,7 @@ def _check_gaming(run: Run, sink: MetricsSink, step: int, values: dict, evaluate
         return
     ev = run.spec.eval
     if message := run.gaming.evaluation(step, evaluated["eval/pass@1"], ev.gaming_window, ev.gaming_min_delta):
-        sink.event("warning", {"step": step, "message": message})
+        sink.event(EventType.warning, {"step": step, "message": message})
         log.warning(message)
 
 
@@ -113,7 +116,7 @@ def _check_resumed_spec(run: Run, sink: MetricsSink) -> None:
             "unknown fields (the checkpoint predates saved specs; only its hash differs)")
     message = (f"resumed from step {run.state.step} with a spec that differs from the checkpoint's "
                f"in: {what}; the run continues with the new values")
-    sink.event("warning", {"step": run.state.step, "message": message, "changed_fields": changed})
+    sink.event(EventType.warning, {"step": run.state.step, "message": message, "changed_fields": changed})
     log.warning(message)
     run.state.spec_sha256, run.state.spec = digest, now
 
@@ -140,7 +143,7 @@ def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None
         if (figures["solvable_all_wrong"] or 0.0) < b.min_solvable:
             # Nothing a wider batch would find: stay, and look again after `patience` evaluations.
             run.plateau.since = 0
-            sink.event("broaden_skipped", {"step": step, "reason": reason, "n": prev.n,
+            sink.event(EventType.broaden_skipped, {"step": step, "reason": reason, "n": prev.n,
                                            "min_solvable": b.min_solvable, "probe": figures})
             log.info("plateau at step %d, but the probe found %.3f solvable all-wrong prompts at n %d "
                      "(< %.3f): not broadening", step, figures["solvable_all_wrong"] or 0.0, prev.n,
@@ -151,7 +154,7 @@ def _maybe_broaden(run: Run, sink: MetricsSink, step: int, values: dict) -> None
     run.plans = plans
     run.state.broaden_starts = [*run.state.broaden_starts, step]
     run.plateau.best, run.plateau.since = values[b.metric], 0  # the new stage gets `patience` evals
-    sink.event("broadened", {"step": step, "reason": reason, "from_n": prev.n, "n": new.n,
+    sink.event(EventType.broadened, {"step": step, "reason": reason, "from_n": prev.n, "n": new.n,
                              "prompts_per_step": new.prompts_per_step, "lr": new.lr, "stage": new.index,
                              **extra})
     log.info("broadened at step %d: n %d -> %d (%s)", step, prev.n, new.n, reason)
@@ -178,7 +181,7 @@ def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[],
     # leave the others waiting in a collective (the launcher kills ranks after a grace period).
     check = never if distributed.active() else stop_check(should_stop)
     try:
-        run = build_run(spec, Path(out_dir), resume, dataset_path, check)
+        run = build_run(spec, Path(out_dir), resume, dataset_path, check, PhaseProgress(sink))
     except StopRequested:  # during the warm start of builtin:tiny
         return TrainResult.stopped_before_start()
     try:
@@ -221,9 +224,9 @@ def _step(run: Run, sink: MetricsSink, step: int, start: int,
     spec, done = run.spec, step - 1
     plan = stage_for_step(run.plans, done)  # the schedule counts steps from 0
     if done == plan.first_step or done == start:
-        sink.event("stage_started", {"step": step, **dataclasses.asdict(plan)})
+        sink.event(EventType.stage_started, {"step": step, **dataclasses.asdict(plan)})
         if done == plan.first_step and (warning := stage_warning(run.plans, plan)):
-            sink.event("warning", {"step": step, "message": warning})
+            sink.event(EventType.warning, {"step": step, "message": warning})
             log.warning(warning)
     run.state.stage = plan.index
     values = run_step(run, plan, done, on_samples=lambda rows: sink.samples(step, rows))

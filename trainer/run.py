@@ -17,6 +17,7 @@ import torch
 
 from trainer.checkpoints import io as checkpoint
 from trainer import collectives as distributed
+from trainer.events import Phase, PhaseProgress, no_progress
 from trainer.prompt_stream import PromptStream
 from trainer.rollouts import encode_prompts
 from trainer.engines import default_engine, make_engine
@@ -75,6 +76,7 @@ class Run:
     gaming: GamingWatch = field(default_factory=GamingWatch)  # reward up, eval down (not resumed)
     stop_check: Callable[[], None] = never       # raises StopRequested inside long phases
     grader_watch: GraderErrorWatch = field(default_factory=GraderErrorWatch)  # (not resumed)
+    progress: PhaseProgress = field(default_factory=no_progress)  # long phases' `progress` events
 
     def close(self) -> None:
         self.scorer.close()
@@ -129,9 +131,10 @@ def warm_start_holdout(task: Task, size: int = WARM_HOLDOUT_SIZE) -> list:
 
 
 def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Callable[[], None],
-                    **build: object) -> Path:
+                    progress: PhaseProgress | None = None, **build: object) -> Path:
     """Build (or reuse) the built-in tiny model, warm-started on this task's training split
-    (`build`: build_tiny_model's knobs, e.g. a test's shorter warm start)."""
+    (`build`: build_tiny_model's knobs, e.g. a test's shorter warm start). A build reports
+    a `warm_start` phase to `progress`; a cached model returns at once and reports nothing."""
     from trainer.models.tiny import ensure_tiny_model
 
     key = tiny_model_key(spec)
@@ -145,37 +148,51 @@ def _tiny_model_dir(spec: JobSpec, task: Task, scorer: Scorer, stop_check: Calla
         exs = [by_prompt[p] for p in prompts]
         return scorer.score(completions, exs, [False] * len(exs)).correct
 
-    return ensure_tiny_model(cache_dir() / "models", key, seed=spec.seed, sft_pairs=pairs,
-                             score_fn=score_fn, holdout_prompts=holdout_prompts, stop_check=stop_check, **build)
+    with (progress or no_progress()).phase(Phase.warm_start, "builtin:tiny: warm start", lazy=True) as report:
+        return ensure_tiny_model(cache_dir() / "models", key, seed=spec.seed, sft_pairs=pairs,
+                                 score_fn=score_fn, holdout_prompts=holdout_prompts, stop_check=stop_check,
+                                 on_progress=report, **build)
 
 
 def prepare_tiny_model(spec: JobSpec, dataset_path: Path | None, stop_check: Callable[[], None] = never,
-                       **build: object) -> None:
+                       progress: PhaseProgress | None = None, **build: object) -> None:
     """Put the spec's builtin:tiny model in the cache (nothing for any other model): done once
     where a cancel reaches it, before many ranks, or a test's runs, find it there."""
     if spec.model.path != TINY_MODEL:
         return
-    task = build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
+    progress = progress or no_progress()
+    task = _built_task(spec, dataset_path, stop_check, progress)
     scorer = Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward)
     try:
-        _tiny_model_dir(spec, task, scorer, stop_check, **build)
+        _tiny_model_dir(spec, task, scorer, stop_check, progress, **build)
     finally:
         scorer.close()
 
 
-def _warm_started(spec: JobSpec, task: Task, scorer, stop_check: Callable[[], None]) -> Path:
+def _warm_started(spec: JobSpec, task: Task, scorer, stop_check: Callable[[], None],
+                  progress: PhaseProgress | None) -> Path:
     """builtin:tiny for this job; its warm start stops on the task's built-in verifier even
     when a grader rewards the job (so the cached model is the same for every reward)."""
     if spec.task.grader is None:
-        return _tiny_model_dir(spec, task, scorer, stop_check)
+        return _tiny_model_dir(spec, task, scorer, stop_check, progress)
     with Scorer(task, reward=spec.task.reward, truncated_reward=spec.algo.truncated_reward) as verifier:
-        return _tiny_model_dir(spec, task, verifier, stop_check)
+        return _tiny_model_dir(spec, task, verifier, stop_check, progress)
 
 
-def model_dir_for(spec: JobSpec, task: Task, scorer, stop_check: Callable[[], None] = never) -> Path:
+def model_dir_for(spec: JobSpec, task: Task, scorer, stop_check: Callable[[], None] = never,
+                  progress: PhaseProgress | None = None) -> Path:
     """The folder the spec's model loads from: builtin:tiny is warm-started (or found in the
-    cache) here; any other path is used as it is."""
-    return _warm_started(spec, task, scorer, stop_check) if spec.model.path == TINY_MODEL else Path(spec.model.path)
+    cache) here, reporting its `warm_start` phase to `progress`; any other path is used as it is."""
+    if spec.model.path == TINY_MODEL:
+        return _warm_started(spec, task, scorer, stop_check, progress)
+    return Path(spec.model.path)
+
+
+def _built_task(spec: JobSpec, dataset_path: Path | None, stop_check: Callable[[], None],
+                progress: PhaseProgress) -> Task:
+    """The spec's task, built inside a `task` phase (a large dataset or generator takes a while)."""
+    with progress.phase(Phase.task, "building the task's training and eval examples"):
+        return build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
 
 
 @dataclass
@@ -232,36 +249,43 @@ def _optimizer_and_state(spec: JobSpec, models: _Models, resume: Path | None, cd
 
 
 def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
-              stop_check: Callable[[], None] = never) -> Run:
+              stop_check: Callable[[], None] = never, progress: PhaseProgress | None = None) -> Run:
     """Everything the loop needs. On torchrun's ranks (trainer/distributed/launch.py joined the process
     group first) the policy is sharded with FSDP2 and each rank's engine holds a whole copy;
-    a LoRA policy is replicated instead (each rank holds the base and the adapter)."""
+    a LoRA policy is replicated instead (each rank holds the base and the adapter).
+    `progress` hears each long phase: task, warm_start (a builtin:tiny build), model_load,
+    engine_start (`trainer.events.Phase`)."""
+    progress = progress or no_progress()
     torch.manual_seed(spec.seed)
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
     fix_mmap_threshold()  # freed tensors leave the RSS (trainer/malloc.py)
     device = resolve_device()
-    task = build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
+    task = _built_task(spec, dataset_path, stop_check, progress)
     scorer = make_scorer(spec, task, stop_check)
     try:
-        model_dir = model_dir_for(spec, task, scorer, stop_check)
+        model_dir = model_dir_for(spec, task, scorer, stop_check, progress)
     except BaseException:  # a stop during the warm start: the scorer's processes go too
         scorer.close()
         raise
     cdtype = compute_dtype(spec.model.dtype, device)
-    models = _load_models(spec, model_dir, resume, device, cdtype)
-    policy, tokenizer = models.policy, models.tokenizer
-    optimizer, state, plans = _optimizer_and_state(spec, models, resume, cdtype)
+    loading = f"loading {spec.model.path}" + (" and the checkpoint to resume from" if resume else "")
+    with progress.phase(Phase.model_load, loading):
+        models = _load_models(spec, model_dir, resume, device, cdtype)
+        policy, tokenizer = models.policy, models.tokenizer
+        optimizer, state, plans = _optimizer_and_state(spec, models, resume, cdtype)
 
     template = spec.task.prompt_template
     train_ids = encode_prompts(tokenizer, task.train, template)
     eval_ids = encode_prompts(tokenizer, task.eval, template)
     max_len = max(len(p) for p in train_ids + eval_ids) + spec.rollout.max_new_tokens
-    engine = make_engine(spec.rollout.engine, models.source, models.engine_model, tokenizer,
-                         dtype=spec.model.dtype, seed=spec.seed, max_model_len=max_len,
-                         max_num_seqs=max(widest_samples(spec), len(eval_ids) * spec.eval.samples_per_prompt),
-                         lora_rank=spec.model.lora.rank if spec.model.lora is not None else None)
-    if models.engine_model is not policy:
-        engine.sync_weights(policy)  # a resume restored the sharded weights from dcp/
+    kind = spec.rollout.engine if spec.rollout.engine != "auto" else default_engine(device)
+    with progress.phase(Phase.engine_start, f"starting the {kind} rollout engine"):
+        engine = make_engine(spec.rollout.engine, models.source, models.engine_model, tokenizer,
+                             dtype=spec.model.dtype, seed=spec.seed, max_model_len=max_len,
+                             max_num_seqs=max(widest_samples(spec), len(eval_ids) * spec.eval.samples_per_prompt),
+                             lora_rank=spec.model.lora.rank if spec.model.lora is not None else None)
+        if models.engine_model is not policy:
+            engine.sync_weights(policy)  # a resume restored the sharded weights from dcp/
     budget = spec.algo.micro_batch_tokens
     micro = auto_micro_batch_tokens(policy, max_len) if budget == "auto" else int(budget)
     return Run(spec=spec, out_dir=Path(out_dir), device=device, task=task, model_dir=model_dir,
@@ -271,5 +295,5 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
                micro_batch_tokens=micro, compute_dtype=cdtype,
                update_cfg=UpdateConfig.from_spec(spec, cdtype),
                advantage_fn=ADVANTAGES[spec.algo.advantage], stop_check=stop_check,
-               plateau=Plateau(state.plateau_best, state.plateau_since),
+               plateau=Plateau(state.plateau_best, state.plateau_since), progress=progress,
                **{name: getattr(state, name) for name in RESUMED_COUNTERS})

@@ -72,6 +72,20 @@ def test_metrics_schedule_and_events(full_run):
     assert [c[0] for c in sink.checkpoints] == [2, 4]
 
 
+def test_long_phases_report_progress_events_and_each_ends(full_run):
+    _, sink, _ = full_run
+    progress = [d for t, d in sink.events if t == "progress"]
+    # The model was prebuilt: no warm start; then each phase before step 1, evaluations later.
+    assert [d["phase"] for d in progress if not d["finished"]][:4] == ["task", "model_load", "engine_start", "eval"]
+    for phase in ("task", "model_load", "engine_start"):
+        ends = [d for d in progress if d["phase"] == phase and d["finished"]]
+        assert len(ends) == 1 and ends[0]["seconds"] >= 0 and ends[0]["message"], phase
+    evals = [d for d in progress if d["phase"] == "eval" and d["finished"]]
+    assert [d["step"] for d in evals] == [0, 2, 4] and {d["done"] for d in evals} == {16 * 4}  # prompts x samples
+    first_metrics = next(i for i, (t, _) in enumerate(sink.events) if t == "eval")
+    assert [d["phase"] for t, d in sink.events[:first_metrics] if t == "progress"][-1] == "eval"
+
+
 def test_each_step_stores_its_highest_and_lowest_reward_samples(full_run):
     _, sink, _ = full_run
     assert sorted(sink.samples_by_step) == [1, 2, 3, 4]

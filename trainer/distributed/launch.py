@@ -88,12 +88,14 @@ def train_on_ranks(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], b
                    launcher: Launcher | None = None) -> TrainResult:
     """`trainer.entry.train` on the ranks `spec.resources` asks for; same contract. `launcher`:
     the deployment's (`BRORL_LAUNCHER`) when not given."""
+    from trainer.events import PhaseProgress
     from trainer.run import prepare_tiny_model
     from trainer.stop import StopRequested, stop_check
 
     launcher = launcher or configured_launcher()
     try:
-        prepare_tiny_model(spec, dataset_path, stop_check(should_stop))  # where a cancel reaches it
+        # Where a cancel reaches it, its progress reported as the ranks' own phases would be.
+        prepare_tiny_model(spec, dataset_path, stop_check(should_stop), PhaseProgress(sink))
     except StopRequested:
         return TrainResult.stopped_before_start()
     control = ControlFolder.fresh(out_dir)

@@ -53,7 +53,8 @@ class Launcher(ABC):
         """Start the job's ranks on `control` (its job.json is written). Returns at once: a
         launcher that must first wait for machines (all of a job's nodes or none) returns ranks
         that poll as running meanwhile, so a cancel reaches the wait, and says what it waits
-        for through `event(type, data)` (the job's event stream)."""
+        for through `event(type, data)` (the job's event stream): a `trainer.events.EventType`,
+        `progress` with phase `launch` for a wait (any other type raises)."""
 
     @abstractmethod
     def dead_rank(self, control: ControlFolder, raised: set[int]) -> tuple[int | None, int | None]:
