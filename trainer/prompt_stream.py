@@ -6,7 +6,7 @@ the cursor yields exactly the prompts an uninterrupted run would have seen.
 from __future__ import annotations
 
 import random
-from typing import Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -28,12 +28,16 @@ class PromptStream:
             self._epoch = epoch
         return self._order
 
-    def take(self, k: int) -> list[T]:
+    def take(self, k: int, skip: Callable[[T], bool] | None = None) -> list[T]:
+        """The next k items; `skip` (the difficulty filter's retired prompts) passes over items
+        for which it is true. It must leave at least one item, or this never returns."""
         out = []
-        for _ in range(k):
+        while len(out) < k:
             epoch, pos = divmod(self.cursor, len(self.items))
-            out.append(self.items[self._order_for(epoch)[pos]])
+            item = self.items[self._order_for(epoch)[pos]]
             self.cursor += 1
+            if skip is None or not skip(item):
+                out.append(item)
         return out
 
 

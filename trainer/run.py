@@ -25,6 +25,7 @@ from trainer.models.loading import load_policy, resolve_device
 from trainer.models.lora import load_lora_policy, trainable_parameters
 from trainer.precision import compute_dtype
 from trainer.algo.advantages import ADVANTAGES, AdvantageFn
+from trainer.algo.difficulty import DifficultyFilter, make_difficulty_filter
 from trainer.algo.gaming import GamingWatch
 from trainer.optim.optimizer import make_optimizer
 from trainer.optim.update import UpdateConfig, auto_micro_batch_tokens
@@ -77,6 +78,7 @@ class Run:
     stop_check: Callable[[], None] = never       # raises StopRequested inside long phases
     grader_watch: GraderErrorWatch = field(default_factory=GraderErrorWatch)  # (not resumed)
     progress: PhaseProgress = field(default_factory=no_progress)  # long phases' `progress` events
+    difficulty: DifficultyFilter | None = None   # algo.difficulty_filter's retired prompts
 
     def close(self) -> None:
         self.scorer.close()
@@ -296,4 +298,5 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
                update_cfg=UpdateConfig.from_spec(spec, cdtype),
                advantage_fn=ADVANTAGES[spec.algo.advantage], stop_check=stop_check,
                plateau=Plateau(state.plateau_best, state.plateau_since), progress=progress,
+               difficulty=make_difficulty_filter(spec, len(task.train)),
                **{name: getattr(state, name) for name in RESUMED_COUNTERS})

@@ -40,6 +40,8 @@ from trainer.spec_model import (  # noqa: F401
     LoraSpec,
     ModelSpec,
 )
+from trainer.spec_shaping import DifficultyFilterSpec, OverlongSpec  # noqa: F401 (re-exported)
+from trainer.spec_continue import ContinueFrom  # noqa: F401 (re-exported)
 from trainer.spec_task import (  # noqa: F401
     DatasetTask,
     ReasoningGymTask,
@@ -155,10 +157,20 @@ class OptimSpec(_Frozen):
 
 
 class AlgoSpec(_Frozen):
-    advantage: Literal["reinforce_pp_baseline", "grpo"] = Field(
+    loss: Literal["ppo", "gspo", "cispo", "dr_grpo"] = Field(
+        "ppo", description="The policy objective (docs/objectives.md). ppo: token-level clipped ratio "
+        "(Clip-Higher), over the mini-batch's tokens. gspo: one clipped ratio per sequence (the "
+        "geometric mean of its token ratios), mean over sequences; use clip_low/clip_high near "
+        "3e-4/4e-4, as the paper. cispo: every token's log-prob weighted by its ratio capped at "
+        "1 + clip_high, stop-gradient (no token's gradient dropped; MiniMax-M1 and ScaleRL use caps "
+        "of 4 to 5, i.e. clip_high 3 to 4). dr_grpo: ppo's terms over samples x "
+        "rollout.max_new_tokens; with advantage group_mean (Dr. GRPO's) or reinforce_pp_baseline "
+        "(one batch-wide scale), never grpo (its per-group std is what Dr. GRPO removes).")
+    advantage: Literal["reinforce_pp_baseline", "grpo", "group_mean"] = Field(
         "reinforce_pp_baseline", description="reinforce_pp_baseline (the paper's): reward minus the "
         "mean of the prompt's n rewards, then whitened over the whole batch; grpo: the same "
-        "difference divided by the group's std, no batch whitening.")
+        "difference divided by the group's std, no batch whitening; group_mean: the difference "
+        "alone (Dr. GRPO's, TRL's scale_rewards none).")
     advantage_whitening: Literal["sample", "token"] = Field(
         "sample", description="reinforce_pp_baseline's batch whitening: over samples (each "
                               "response counts once) or over tokens (OpenRLHF's choice).")
@@ -196,6 +208,15 @@ class AlgoSpec(_Frozen):
         10, ge=1, le=MAX_TOTAL_STEPS, description="Steps in a row with every response truncated or "
                                                   "no group kept before the job gets a warning event.")
     fail_on_stall: bool = Field(False, description="Fail the job after stall_steps instead of only warning.")
+    overlong: OverlongSpec | None = Field(
+        None, description="DAPO's soft overlong punishment; null = off. Use it when many responses run "
+        "into rollout.max_new_tokens: the penalty grows before the cut, so the policy learns to finish "
+        "within the budget instead of learning from cut, unscored answers.")
+    difficulty_filter: DifficultyFilterSpec | None = Field(
+        None, description="Retire training prompts the policy always (or never) solves across steps; "
+        "null = off. Use it for runs of many passes over a small training split, where solved prompts "
+        "come back each pass and dynamic sampling would throw their groups away again. Never leaves "
+        "fewer prompts than the largest prompts_per_step.")
 
     @model_validator(mode="after")
     def _high_ge_low(self) -> "AlgoSpec":
@@ -204,6 +225,13 @@ class AlgoSpec(_Frozen):
         # was refused by the worker's re-validation (tests/trainer/test_spec_roundtrip.py).
         if self.clip_high < self.clip_low:
             raise FieldError("algo.clip_high", f"must be >= clip_low ({self.clip_low})")
+        return self
+
+    @model_validator(mode="after")
+    def _dr_grpo_keeps_no_group_std(self) -> "AlgoSpec":
+        if self.loss == "dr_grpo" and self.advantage == "grpo":
+            raise FieldError("algo.advantage", "grpo divides by each group's std, which Dr. GRPO removes: "
+                             "use group_mean (Dr. GRPO's) or reinforce_pp_baseline with loss dr_grpo")
         return self
 
     @model_validator(mode="after")
@@ -333,6 +361,8 @@ class JobSpec(_Frozen):
                                      "(ranks) the job runs on.")
     samples: SamplesSpec = Field(default_factory=SamplesSpec, description="Rollouts stored for reading "
                                  "(the job's samples table).")
+    continue_from: ContinueFrom | None = Field(None, description="Start from a checkpoint of one of "
+                                               "your earlier jobs (its weights, or its base and adapter).")
 
     @model_validator(mode="before")
     @classmethod
@@ -385,6 +415,14 @@ class JobSpec(_Frozen):
                 "rollout.max_new_tokens",
                 f"{self.rollout.max_new_tokens} is too short for builtin:tiny, which writes its "
                 f"answer one character per token: use at least {TINY_MIN_NEW_TOKENS}")
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_leaves_room(self) -> "JobSpec":
+        o = self.algo.overlong
+        if o is not None and o.buffer >= self.rollout.max_new_tokens:
+            raise FieldError("algo.overlong.buffer", f"{o.buffer} must be less than rollout.max_new_tokens "
+                             f"({self.rollout.max_new_tokens}): the penalty grows over the last buffer tokens")
         return self
 
     @model_validator(mode="after")

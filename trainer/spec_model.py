@@ -48,6 +48,12 @@ class ModelSpec(_Frozen):
         "auto", description="Compute dtype (auto = bf16 on CUDA, float32 on CPU); trainable "
                             "weights and optimizer state are float32 either way (on the CPU "
                             "with optim.optimizer_state cpu_offload).")
+    fp32_lm_head: bool = Field(
+        False, description="Under a bf16 compute dtype, project to the vocabulary and take the "
+        "log-softmax in float32 in the trainer's log-probs (the rest stays bf16): ScaleRL reports "
+        "it lowers the trainer/engine mismatch and raises the asymptote, for one more float32 "
+        "matmul of the head. The log-softmax is float32 always; with float32 compute it changes "
+        "nothing. The rollout engine keeps its own head precision.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute each layer's activations in the backward: about 30 % more "
                            "update compute for the activations of one layer at a time.")

@@ -21,7 +21,9 @@ from trainer.run import Run
 from trainer.samples import step_samples
 from trainer.graders.scorer import step_metrics as grader_step_metrics
 from trainer.prompt_stream import mix_seed
+from trainer.algo.difficulty import record_draws
 from trainer.algo.filtering import filter_rollouts, solve_fractions
+from trainer.algo.shaping import overlong_penalty
 from trainer.models.lora import reference_model
 from trainer.optim.update import ppo_update, sequence_logprobs
 from trainer.rollouts import Rollouts, SamplingConfig, concat_rollouts, generate_and_score
@@ -70,8 +72,11 @@ def _generate_round(run: Run, plan: StagePlan, index: int, round_index: int, k: 
     spec = run.spec
     # Every rank draws the same k prompts (the stream stays in step) and keeps its share:
     # whole prompts, so a group is never split across ranks.
-    idx = distributed.share(run.stream.take(k))
+    drawn = run.stream.take(k, run.difficulty.is_retired if run.difficulty is not None else None)
+    idx = distributed.share(drawn)
     if not idx:
+        if run.difficulty is not None:  # the others' all-reduce of their groups
+            record_draws(run.difficulty, drawn, torch.zeros(0), torch.zeros(0, dtype=torch.long))
         return _empty_round()
     seed = mix_seed(spec.seed, index, round_index, distributed.rank()) if distributed.active() else mix_seed(spec.seed, index, round_index)
     sampling = SamplingConfig(n=plan.n, max_new_tokens=spec.rollout.max_new_tokens,
@@ -79,6 +84,11 @@ def _generate_round(run: Run, plan: StagePlan, index: int, round_index: int, k: 
     episodes = generate_and_score(run.engine, run.tokenizer, run.scorer, [run.train_ids[i] for i in idx],
                                   [run.task.train[i] for i in idx], sampling)
     rollouts = episodes.to_rollouts()
+    if spec.algo.overlong is not None:
+        o, lengths = spec.algo.overlong, torch.tensor([len(r) for r in rollouts.response_ids])
+        rollouts.rewards = rollouts.rewards + overlong_penalty(lengths, spec.rollout.max_new_tokens, o.buffer, o.penalty)
+    if run.difficulty is not None:
+        record_draws(run.difficulty, drawn, rollouts.correct, rollouts.group)
     solved, wrong = solve_fractions(rollouts.correct, rollouts.rewards, rollouts.group)
     counts = SampleCounts(samples=len(episodes), lengths=episodes.lengths(),
                          truncated=sum(episodes.truncated), groups=int(solved.numel()),
@@ -189,12 +199,13 @@ def train_on_batch(run: Run, batch: Rollouts, index: int, positions: torch.Tenso
     chunks = local_mini_batches(len(batch), algo.mini_batches, gen, positions)
     # One mini-batch: old log-probs = the current ones, taken inside the update (no extra pass).
     old = None if len(chunks) == 1 else sequence_logprobs(
-        run.policy, batch.prompt_ids, batch.response_ids, temp, budget, compute_dtype=dtype, shared_prefix=shared)
+        run.policy, batch.prompt_ids, batch.response_ids, temp, budget, compute_dtype=dtype, shared_prefix=shared,
+        fp32_head=cfg.fp32_head)
     ref = None  # run.ref is None when kl_coef is 0: no reference pass
     if run.ref is not None:
         with reference_model(run.policy, run.ref) as ref_model:  # LoRA: the same model, adapter off
             ref = sequence_logprobs(ref_model, batch.prompt_ids, batch.response_ids, temp, budget,
-                                    compute_dtype=dtype, shared_prefix=shared)
+                                    compute_dtype=dtype, shared_prefix=shared, fp32_head=cfg.fp32_head)
     stats: list[dict[str, float]] = []
     for chunk in chunks:
         ids = chunk.tolist()
@@ -275,7 +286,8 @@ def _samples(run: Run, rollouts: Rollouts) -> list[dict]:
 
 
 UPDATE_KEYS = ("loss", "pg_clipfrac_low", "pg_clipfrac_high", "kl", "entropy", "is_ratio_mean",
-               "is_truncated_frac", "grad_norm", "skipped_updates", "mini_batch_updates")
+               "is_truncated_frac", "mismatch_kl", "is_ess", "grad_norm", "skipped_updates",
+               "mini_batch_updates")
 
 
 def run_step(run: Run, plan: StagePlan, index: int,
@@ -337,5 +349,6 @@ def run_step(run: Run, plan: StagePlan, index: int,
         "step_s": step_s, "samples_per_s": collected.counts.samples / step_s,
         "tokens_per_s": sample_stats["response_len_mean"] * collected.counts.samples / step_s, "peak_mem_mb": _peak_mem_mb(run.device),
         "samples": collected.counts.samples,
+        **(run.difficulty.metrics() if run.difficulty is not None else {}),
         **grading,
     }

@@ -62,7 +62,7 @@ def test_grpo_constant_and_singleton_groups_are_zero():
 
 
 def test_registry_names():
-    assert set(ADVANTAGES) == {"reinforce_pp_baseline", "grpo"}
+    assert set(ADVANTAGES) == {"reinforce_pp_baseline", "grpo", "group_mean"}
     r, g = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1])
     for fn in ADVANTAGES.values():
         assert fn(r, g).shape == (4,)

@@ -8,6 +8,7 @@ Variants are small functions picked once by name from `ADVANTAGES`, never an `if
 - `reinforce_pp_baseline` (the paper's default, docs/algorithm.md): A = R - mean(R over the
   group), then whitened over the whole global batch. No per-group std division.
 - `grpo`: A = (R - group mean) / (group std + eps).
+- `group_mean` (Dr. GRPO's): A = R - group mean, nothing else.
 """
 from __future__ import annotations
 
@@ -90,7 +91,15 @@ def grpo(rewards: torch.Tensor, group: torch.Tensor, token_weights: torch.Tensor
     return centred / (std[group] + eps)
 
 
+def group_mean_baseline(rewards: torch.Tensor, group: torch.Tensor,
+                        token_weights: torch.Tensor | None = None, reduce=None) -> torch.Tensor:
+    """Dr. GRPO: R - mean of R over the group; no std division (which would weigh groups by
+    how easy or hard their prompt is), no whitening. `token_weights`, `reduce` unused."""
+    return group_baseline(rewards, group)
+
+
 ADVANTAGES: dict[str, AdvantageFn] = {
     "reinforce_pp_baseline": reinforce_pp_baseline,
     "grpo": grpo,
+    "group_mean": group_mean_baseline,
 }

@@ -59,11 +59,16 @@ def _rows(x: torch.Tensor, pos: torch.Tensor | None, s: int, e: int) -> torch.Te
 
 
 def _slice(x: torch.Tensor, head: torch.Tensor | None, pos: torch.Tensor | None, s: int, e: int,
-           temperature: float) -> torch.Tensor:
-    """[b, e - s, V] float32 logits / T of response positions s .. e-1 (a fresh tensor)."""
+           temperature: float, fp32_head: bool = False) -> torch.Tensor:
+    """[b, e - s, V] float32 logits / T of response positions s .. e-1 (a fresh tensor).
+    `fp32_head`: the projection in float32 whatever the ambient autocast."""
     z = _rows(x, pos, s, e)
     if head is not None:
-        z = torch.nn.functional.linear(z, head)
+        if fp32_head:
+            with torch.autocast(device_type=z.device.type, enabled=False):
+                z = torch.nn.functional.linear(z.float(), head.float())
+        else:
+            z = torch.nn.functional.linear(z, head)
     return z.float() / temperature
 
 
@@ -77,7 +82,8 @@ def _put(grad: torch.Tensor, pos: torch.Tensor | None, s: int, e: int, g: torch.
 
 class _TokenLogp(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, head, pos, targets, temperature: float, chunk: int, with_entropy: bool):
+    def forward(ctx, x, head, pos, targets, temperature: float, chunk: int, with_entropy: bool,
+                fp32_head: bool = False):
         b, R = targets.shape
         out = torch.empty(b, R, dtype=torch.float32, device=x.device)
         lse = torch.empty_like(out)
@@ -86,7 +92,7 @@ class _TokenLogp(torch.autograd.Function):
         ent = torch.empty_like(out) if with_entropy else out.new_empty(0)
         for s in range(0, R, chunk):
             e = min(s + chunk, R)
-            z = _slice(x, head, pos, s, e, temperature)
+            z = _slice(x, head, pos, s, e, temperature, fp32_head)
             lse[:, s:e] = torch.logsumexp(z, -1)
             out[:, s:e] = z.gather(-1, targets[:, s:e, None]).squeeze(-1) - lse[:, s:e]
             if with_entropy:
@@ -117,18 +123,21 @@ class _TokenLogp(torch.autograd.Function):
             _put(grad_x, pos, s, e, dz @ head.float())
             if grad_head is not None:
                 grad_head += (dz.flatten(0, 1).T @ rows.flatten(0, 1)).to(grad_head.dtype)
-        return grad_x, grad_head, None, None, None, None, None
+        return grad_x, grad_head, None, None, None, None, None, None
 
 
 def token_logp(segments: list[Segment], targets: torch.Tensor, temperature: float,
-               chunk: int | None = None, with_entropy: bool = False):
+               chunk: int | None = None, with_entropy: bool = False, fp32_head: bool = False):
     """[b, R] float32 log softmax(logits / T)[target] over the segments, in order; with
-    `with_entropy`, (log-probs, [b, R] entropies without gradient) from the same slices."""
+    `with_entropy`, (log-probs, [b, R] entropies without gradient) from the same slices.
+    `fp32_head`: a sliced head (segments holding hidden states) projects in float32 under a
+    bf16 autocast too (the log-softmax is float32 always, the backward's projection too);
+    segments of the model's own logits come from `fp32_output_head`."""
     parts, ents, s = [], [], 0
     for x, pos, head in segments:
         r = x.shape[1] if pos is None else pos.shape[1]
         c = chunk or chunk_positions(x.shape[0], _vocab(x, head))
-        lp, ent = _TokenLogp.apply(x, head, pos, targets[:, s:s + r], temperature, c, with_entropy)
+        lp, ent = _TokenLogp.apply(x, head, pos, targets[:, s:s + r], temperature, c, with_entropy, fp32_head)
         parts.append(lp)
         ents.append(ent)
         s += r

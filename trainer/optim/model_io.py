@@ -38,3 +38,32 @@ def hidden_states_out(model, on: bool):
         yield
     finally:
         model.set_output_embeddings(head)
+
+
+class _Fp32Head(torch.nn.Module):
+    """An output head that runs in float32 under any autocast (`fp32_output_head`)."""
+
+    def __init__(self, head: torch.nn.Module):
+        super().__init__()
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.head.bias is None else self.head.bias.float()
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return torch.nn.functional.linear(x.float(), self.head.weight.float(), bias)
+
+
+@contextlib.contextmanager
+def fp32_output_head(model, on: bool):
+    """With `on`, the model's own output head (a Linear) projects in float32 during the block,
+    so its logits are float32 while the layers run in the autocast's bf16 (`model.fp32_lm_head`
+    for models whose head is not applied a slice at a time, `sliced_head`)."""
+    head = model.get_output_embeddings() if on and hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear):
+        yield
+        return
+    model.set_output_embeddings(_Fp32Head(head))
+    try:
+        yield
+    finally:
+        model.set_output_embeddings(head)

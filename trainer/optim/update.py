@@ -36,15 +36,10 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from trainer import collectives as distributed
-from trainer.algo.losses import (
-    KL_ESTIMATORS,
-    is_ratio,
-    is_weights,
-    ppo_clip_terms,
-    token_sum,
-)
+from trainer.algo.losses import KL_ESTIMATORS, is_ratio, is_weights, token_sum
+from trainer.algo.objectives import OBJECTIVES, Totals
 from trainer.optim.logprobs import Segment, token_logp
-from trainer.optim.model_io import hidden_states_out, sliced_head
+from trainer.optim.model_io import fp32_output_head, hidden_states_out, sliced_head
 from trainer.precision import autocast
 from trainer.optim.packing import (Rows, _distinct_prompts, _packed_logits, _packed_prefix_logits, _per_sample,
                                    packed_micro_batches, packed_prefix_micro_batches)
@@ -77,16 +72,24 @@ class UpdateConfig:
     # Pack several samples into one row of a micro-batch (`packs`): little padding, same
     # objective; off = one sample per row, padded to its micro-batch's longest.
     pack: bool = True
+    # The policy objective (`OBJECTIVES`: ppo, gspo, cispo, dr_grpo) and dr_grpo's constant.
+    loss: str = "ppo"
+    max_new_tokens: int = 256
+    # Project to the vocabulary and take the log-softmax in float32 under a bf16 autocast.
+    fp32_head: bool = False
 
     def __post_init__(self) -> None:
         # Resolved once here (an unknown name fails now), not looked up in every micro-batch.
         object.__setattr__(self, "kl_fn", KL_ESTIMATORS[self.kl_estimator])
+        object.__setattr__(self, "objective", OBJECTIVES[self.loss])
 
     @classmethod
     def from_spec(cls, spec, compute_dtype: torch.dtype = torch.float32) -> "UpdateConfig":
         a = spec.algo
         return cls(a.clip_low, a.clip_high, a.kl_coef, a.kl_estimator,
-                   a.is_truncation, spec.rollout.temperature, spec.optim.grad_clip, compute_dtype)
+                   a.is_truncation, spec.rollout.temperature, spec.optim.grad_clip, compute_dtype,
+                   loss=a.loss, max_new_tokens=spec.rollout.max_new_tokens,
+                   fp32_head=spec.model.fp32_lm_head)
 
 
 def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -174,7 +177,8 @@ def _pack(prompt_ids, response_ids, idx: list[int], device) -> dict:
     }
 
 
-def _response_logits(model, batch: dict, compute_dtype: torch.dtype = torch.float32) -> list[Segment]:
+def _response_logits(model, batch: dict, compute_dtype: torch.dtype = torch.float32,
+                     fp32_head: bool = False) -> list[Segment]:
     """The model's last hidden states (or logits, `sliced_head`) and, per sample, the
     positions in them that predict response tokens: one segment that trainer/optim/logprobs.py
     projects and reduces a slice at a time, so no [b, R, V] tensor is made here."""
@@ -182,7 +186,8 @@ def _response_logits(model, batch: dict, compute_dtype: torch.dtype = torch.floa
     # head, projected to the vocab), so long prompts do not cost a [L, V] logits tensor each.
     keep = batch["keep"]
     head = sliced_head(model)
-    with autocast(batch["input_ids"].device, compute_dtype), hidden_states_out(model, head is not None):
+    with autocast(batch["input_ids"].device, compute_dtype), hidden_states_out(model, head is not None), \
+            fp32_output_head(model, fp32_head and head is None):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     position_ids=batch["position_ids"], logits_to_keep=keep, use_cache=False)
     L = batch["input_ids"].shape[1]
@@ -281,7 +286,7 @@ def packs(model) -> bool:
             and getattr(model.config, "_attn_implementation", None) == "sdpa")
 
 def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int],
-                          compute_dtype: torch.dtype) -> tuple[list[Segment], dict]:
+                          compute_dtype: torch.dtype, fp32_head: bool = False) -> tuple[list[Segment], dict]:
     """Hidden states (or logits) predicting each response token as two segments (the prompt's
     last position, then the response pass), plus the batch's targets / mask / rlens: one
     prompt pass per distinct prompt, one response pass."""
@@ -296,7 +301,8 @@ def _shared_prefix_logits(model, prompt_ids, response_ids, idx: list[int],
     mask = torch.arange(R).unsqueeze(0) < rlens.unsqueeze(1)
     batch = {"targets": torch.where(mask, resp, 0).to(device), "mask": mask.to(device), "rlens": rlens.tolist()}
     head = sliced_head(model)
-    with autocast(device, compute_dtype), hidden_states_out(model, head is not None):
+    with autocast(device, compute_dtype), hidden_states_out(model, head is not None), \
+            fp32_output_head(model, fp32_head and head is None):
         out = model(input_ids=pad_sequence(prompts, batch_first=True).to(device),
                     attention_mask=pmask.to(device), position_ids=torch.arange(P).expand(G, P).to(device),
                     logits_to_keep=keep.to(device), use_cache=True)
@@ -329,16 +335,17 @@ def _chunks(model, prompt_ids, response_ids, max_tokens: int, shared: bool,
 
 
 def _logits(model, prompt_ids, response_ids, idx: list[int], compute_dtype: torch.dtype,
-            shared: bool) -> tuple[list[Segment], dict]:
+            shared: bool, fp32_head: bool = False) -> tuple[list[Segment], dict]:
     """Response logit segments and the batch (targets, mask, rlens; `scatter` where the
-    segments are packed: `_per_sample`) by any of the forwards."""
+    segments are packed: `_per_sample`) by any of the forwards. `fp32_head` makes a model's
+    own head float32 here; a sliced head (every packed layout) is float32 in `token_logp`."""
     if isinstance(idx, Rows):
         fn = _packed_prefix_logits if shared else _packed_logits
         return fn(model, prompt_ids, response_ids, idx, compute_dtype)
     if shared:
-        return _shared_prefix_logits(model, prompt_ids, response_ids, idx, compute_dtype)
+        return _shared_prefix_logits(model, prompt_ids, response_ids, idx, compute_dtype, fp32_head)
     batch = _pack(prompt_ids, response_ids, idx, next(model.parameters()).device)
-    return _response_logits(model, batch, compute_dtype), batch
+    return _response_logits(model, batch, compute_dtype, fp32_head), batch
 
 
 def _pad_rows(rows, idx: list[int], device) -> torch.Tensor:
@@ -353,10 +360,11 @@ def _pad_rows(rows, idx: list[int], device) -> torch.Tensor:
 @torch.no_grad()
 def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_tokens: int,
                       with_entropy: bool = False, compute_dtype: torch.dtype = torch.float32,
-                      shared_prefix: bool = True, pack: bool = True):
+                      shared_prefix: bool = True, pack: bool = True, fp32_head: bool = False):
     """Per-sample 1-D float32 CPU tensors of log pi(response token | prefix) at `temperature`.
 
     With `with_entropy`, returns (logprobs, entropies), entropies per response token.
+    `fp32_head`: the head in float32 under a bf16 compute dtype (as the update's, `UpdateConfig`).
     Results are in the order of the inputs, whatever the micro-batching.
     """
     logps: list[torch.Tensor] = [None] * len(prompt_ids)  # type: ignore[list-item]
@@ -364,8 +372,8 @@ def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_t
     chunks, shared = _chunks(model, prompt_ids, response_ids, max_tokens, shared_prefix, pack)
     pad = distributed.pad_count(model, len(chunks))  # before any forward: it is a collective too
     for chunk in chunks:
-        logits, batch = _logits(model, prompt_ids, response_ids, chunk, compute_dtype, shared)
-        out = token_logp(logits, batch["targets"], temperature, with_entropy=with_entropy)
+        logits, batch = _logits(model, prompt_ids, response_ids, chunk, compute_dtype, shared, fp32_head)
+        out = token_logp(logits, batch["targets"], temperature, with_entropy=with_entropy, fp32_head=fp32_head)
         lp = _per_sample(out[0] if with_entropy else out, batch).cpu()
         ent = _per_sample(out[1], batch).cpu() if with_entropy else None
         for row, (i, n) in enumerate(zip(chunk, batch["rlens"])):
@@ -381,7 +389,7 @@ def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_t
 
 
 def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
-                cfg: UpdateConfig, n_tokens: int, shared: bool) -> dict[str, float]:
+                cfg: UpdateConfig, totals: Totals, shared: bool) -> dict[str, float]:
     """Forward + backward of one micro-batch; returns its token SUMS for the statistics.
 
     `old_logp` None: the policy has not moved since the rollouts' log-probs would have been
@@ -389,38 +397,44 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
     the gradient of the ratio, without a separate no-grad pass over the batch.
     """
     device = next(model.parameters()).device
-    logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.compute_dtype, shared)
+    logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.compute_dtype, shared, cfg.fp32_head)
     mask = batch["mask"]
-    logp, entropy = token_logp(logits, batch["targets"], cfg.temperature, with_entropy=True)
+    logp, entropy = token_logp(logits, batch["targets"], cfg.temperature, with_entropy=True,
+                               fp32_head=cfg.fp32_head)
     logp, entropy = _per_sample(logp, batch), _per_sample(entropy, batch)
     old = logp.detach() if old_logp is None else _pad_rows(old_logp, idx, device)
     engine = _pad_rows(mb.engine_logprobs, idx, device)
     adv = mb.advantages[idx].to(device)
 
     weights, truncated = is_weights(old, engine, cfg.is_band)
-    pg, clip_low, clip_high = ppo_clip_terms(logp, old, adv, cfg.clip_low, cfg.clip_high)
+    pg, clip_low, clip_high = cfg.objective.terms(logp, old, adv, mask, cfg.clip_low, cfg.clip_high)
     per_token = weights * pg
     kl = torch.zeros_like(logp)
     if ref_logp is not None:
         kl = cfg.kl_fn(logp, _pad_rows(ref_logp, idx, device))
         per_token = per_token + cfg.kl_coef * kl
-    loss = token_sum(per_token, mask) / max(n_tokens, 1)
+    loss = cfg.objective.aggregate(per_token, mask, totals)
     loss.backward()
 
     with torch.no_grad():
+        ratio = is_ratio(old, engine)
         return {
             "loss": loss.item(),
             "pg_clipfrac_low": token_sum(clip_low.float(), mask).item(),
             "pg_clipfrac_high": token_sum(clip_high.float(), mask).item(),
             "kl": token_sum(kl.detach(), mask).item(),
             "entropy": token_sum(entropy, mask).item(),
-            "is_ratio_mean": token_sum(is_ratio(old, engine), mask).item(),
+            "is_ratio_mean": token_sum(ratio, mask).item(),
             "is_truncated_frac": token_sum(truncated.float(), mask).item(),
+            # The sampler/learner mismatch: k3 estimate of KL(engine || trainer) on the engine's
+            # own tokens (r - 1 - log r, r = trainer / engine) and the sum of r^2 for the ESS.
+            "mismatch_kl": token_sum(ratio - 1 - torch.log(ratio), mask).item(),
+            "is_ratio_sq": token_sum(ratio * ratio, mask).item(),
         }
 
 
 STAT_KEYS = ("loss", "pg_clipfrac_low", "pg_clipfrac_high", "kl", "entropy", "is_ratio_mean",
-             "is_truncated_frac")
+             "is_truncated_frac", "mismatch_kl", "is_ratio_sq")
 
 
 def _clip_grad_norm(params: list, max_norm: float | None) -> float:
@@ -447,12 +461,13 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
                cfg: UpdateConfig, max_tokens: int) -> dict[str, float]:
     """One PPO optimizer step on a mini-batch, micro-batched; returns the step's statistics.
 
-    Loss per valid token = is_weight * clipped-PPO term + kl_coef * KL estimator (the KL
-    term is not IS-weighted and is skipped when `ref_logp` is None), summed over the
-    mini-batch and divided by its total valid tokens. Tokens dropped by IS truncation stay
-    in that denominator (they count as seen, with zero policy-gradient weight).
+    Loss per valid token = is_weight * the objective's term (`cfg.loss`, trainer/algo/objectives.py)
+    + kl_coef * KL estimator (the KL term is not IS-weighted and is skipped when `ref_logp` is
+    None), aggregated over the mini-batch as the objective says (ppo and cispo: divided by its
+    total valid tokens). Tokens dropped by IS truncation stay in that denominator (they count
+    as seen, with zero policy-gradient weight).
     All statistics are token-weighted means over the mini-batch, except `loss` (the
-    mini-batch loss itself) and `grad_norm` (the global norm before clipping).
+    mini-batch loss itself), `grad_norm` (the global norm before clipping) and `is_ess`.
 
     `old_logp` None means old = current (detached): only right for the first mini-batch of
     a step, before any optimizer step (`trainer.step.train_on_batch` passes None when there is
@@ -465,7 +480,9 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
         raise ValueError("minibatch.advantages is None: compute advantages before the update")
     # On many ranks the mini-batch is the union of every rank's share: its token count (the
     # loss denominator) and the statistics are sums over ranks (trainer/collectives.py).
-    n_tokens = int(distributed.all_sum_floats([sum(len(r) for r in minibatch.response_ids)])[0])
+    n_tokens, n_samples = (int(v) for v in distributed.all_sum_floats(
+        [sum(len(r) for r in minibatch.response_ids), len(minibatch.response_ids)]))
+    sizes = Totals(tokens=n_tokens, samples=n_samples, max_new_tokens=cfg.max_new_tokens)
     totals = dict.fromkeys(STAT_KEYS, 0.0)
     chunks, shared = _chunks(model, minibatch.prompt_ids, minibatch.response_ids, max_tokens, cfg.shared_prefix,
                              cfg.pack)
@@ -473,7 +490,7 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     last = len(chunks) + pad - 1  # every rank runs as many backwards: the last syncs gradients
     for i, chunk in enumerate(chunks):
         distributed.gradient_sync(model, i == last)
-        for k, v in _micro_step(model, minibatch, chunk, old_logp, ref_logp, cfg, n_tokens, shared).items():
+        for k, v in _micro_step(model, minibatch, chunk, old_logp, ref_logp, cfg, sizes, shared).items():
             totals[k] += v
     for i in range(len(chunks), last + 1):
         distributed.gradient_sync(model, i == last)
@@ -489,7 +506,10 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
     optimizer.zero_grad(set_to_none=True)
 
     denom = max(n_tokens, 1)
-    stats = {k: (v if k == "loss" else v / denom) for k, v in totals.items()}
+    stats = {k: (v if k == "loss" else v / denom) for k, v in totals.items() if k != "is_ratio_sq"}
+    # Normalised effective sample size of the trainer/engine token weights: (sum r)^2 /
+    # (n sum r^2), 1 when the two policies agree, towards 1/n when a few tokens dominate.
+    stats["is_ess"] = totals["is_ratio_mean"] ** 2 / (denom * totals["is_ratio_sq"]) if totals["is_ratio_sq"] > 0 else 1.0
     stats["grad_norm"] = grad_norm
     stats["skipped"] = 0.0 if finite else 1.0
     stats["n_tokens"] = n_tokens
