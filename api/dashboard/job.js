@@ -23,6 +23,7 @@
       { label: "keep rate", get: v("keep_rate") },
       { label: "all-correct groups", get: v("frac_all_correct") },
       { label: "all-wrong groups", get: v("frac_all_wrong") },
+      { label: "prompts retired (share)", get: v("prompts_retired_frac") },
       { label: "refill rounds", get: v("refill_rounds"), axis: "y2", step: true }] },
     { id: "kl", title: "KL and entropy", series: [
       { label: "KL", get: v("kl") }, { label: "entropy", get: v("entropy"), axis: "y2" }] },
@@ -30,6 +31,8 @@
       { label: "clip frac low", get: v("pg_clipfrac_low") },
       { label: "clip frac high", get: v("pg_clipfrac_high") },
       { label: "IS-ratio truncated", get: v("is_truncated_frac") },
+      { label: "IS ESS (normalised)", get: v("is_ess") },
+      { label: "engine/trainer KL", get: v("mismatch_kl") },
       { label: "IS-ratio mean", get: v("is_ratio_mean"), axis: "y2" }] },
     { id: "grad", title: "Loss and grad norm", series: [
       { label: "grad norm", get: v("grad_norm") }, { label: "loss", get: v("loss"), axis: "y2" }] },
