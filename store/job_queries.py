@@ -59,6 +59,12 @@ def job_gpus(s: Session, job_ids: list[str]) -> dict[str, int]:
     rows = s.execute(select(Job.id, Job.spec).where(Job.id.in_(job_ids)))
     return {job_id: spec_gpus(spec) for job_id, spec in rows}
 
+def continuations(s: Session, tenant_id: int, job_id: str) -> list[Job]:
+    """The tenant's jobs started from a checkpoint of `job_id` (spec.continue_from), oldest first."""
+    query = select(Job).where(Job.tenant_id == tenant_id, Job.parent_job_id == job_id)
+    return list(s.scalars(query.order_by(Job.id)))
+
+
 def list_jobs(
     s: Session,
     tenant_id: int,

@@ -28,6 +28,7 @@ from store import webhooks
 from store.errors import Fenced, IdempotencyConflict, InvalidTransition, NotFound
 from store.job_queries import (  # re-exported: store.jobs is the one entry point
     count_active_jobs,
+    continuations,
     count_jobs_by_status,
     get_checkpoint,
     get_job,
@@ -58,7 +59,7 @@ from store.tables import (
 )
 
 __all__ = [
-    "Claim", "add_event", "claim", "count_jobs_by_status", "create_job", "finish",
+    "Claim", "add_event", "claim", "continuations", "count_jobs_by_status", "create_job", "finish",
     "get_checkpoint", "get_job", "get_job_unscoped", "heartbeat", "job_gpus", "latest_checkpoint",
     "list_checkpoints", "list_events", "list_jobs", "list_metrics", "reap_expired",
     "record_checkpoint", "record_metrics", "record_progress", "record_result", "request_cancel",
@@ -122,6 +123,7 @@ def create_job(
     idempotency_key: str | None = None,
     kind: JobKind = JobKind.train,
     client_meta: dict[str, Any] | None = None,
+    parent_job_id: str | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job (with a `created` event); returns (job, created).
 
@@ -131,6 +133,7 @@ def create_job(
     rolled back and it answers like a retry. `kind` probe: a pass@k probe (id `prb_...`).
     `client_meta`: what an OpenAI-shaped request said beyond the spec (api/openai); it is part
     of the idempotency body, so a retry with other metadata is a conflict, not a replay.
+    `parent_job_id`: the job whose checkpoint it continues (spec.continue_from).
     """
     hashed = spec if client_meta is None else {"spec": spec, "client_meta": client_meta}
     request_hash = spec_hash(hashed) if idempotency_key else None
@@ -142,7 +145,7 @@ def create_job(
         id=new_id(kind), kind=JobKind(kind), tenant_id=tenant_id, name=name, spec=spec,
         status=JobStatus.queued,
         total_steps=total_steps, idempotency_key=idempotency_key, request_hash=request_hash,
-        client_meta=client_meta,
+        client_meta=client_meta, parent_job_id=parent_job_id,
     )
     s.add(job)
     try:

@@ -216,6 +216,9 @@ class Job(Base):
     # What an OpenAI-shaped request said that the spec does not hold (api/openai): metadata,
     # suffix, validation_file, the hyperparameters as asked. Null for native jobs.
     client_meta: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # A job started from a checkpoint of an earlier job (spec.continue_from): that job, so its
+    # page can list its continuations.
+    parent_job_id: Mapped[str | None] = mapped_column(String(40), index=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str | None] = mapped_column(String(64))
 

@@ -23,7 +23,8 @@ def downgrade(url: str, rev: str) -> None:
     command.downgrade(migrate.alembic_config(url), rev)
 
 
-TABLES = {"tenants", "api_keys", "jobs", "job_events", "job_samples", "metrics", "checkpoints", "datasets"}
+TABLES = {"tenants", "api_keys", "jobs", "job_events", "job_samples", "metrics", "checkpoints", "datasets",
+          "webhook_endpoints", "webhook_deliveries"}
 
 
 def _tables(url: str) -> set[str]:
