@@ -54,6 +54,7 @@ def _checkpoint(run: Run, sink: MetricsSink, step: int) -> Path:
     for name in RESUMED_COUNTERS:
         setattr(run.state, name, getattr(run, name))
     run.state.plateau_best, run.state.plateau_since = run.plateau.best, run.plateau.since
+    run.state.difficulty = run.difficulty.state_dict() if run.difficulty is not None else None
     saved = checkpoint.save(run.out_dir, run.state, run.policy, run.tokenizer, run.optimizer, run.ref)
     sink.checkpoint(step, saved.path, saved.nbytes, saved.sha256)
     # Prune after the sink recorded the new one: a listed checkpoint is never missing its files.

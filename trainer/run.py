@@ -298,5 +298,5 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
                update_cfg=UpdateConfig.from_spec(spec, cdtype),
                advantage_fn=ADVANTAGES[spec.algo.advantage], stop_check=stop_check,
                plateau=Plateau(state.plateau_best, state.plateau_since), progress=progress,
-               difficulty=make_difficulty_filter(spec, len(task.train)),
+               difficulty=make_difficulty_filter(spec, len(task.train), state.difficulty),
                **{name: getattr(state, name) for name in RESUMED_COUNTERS})

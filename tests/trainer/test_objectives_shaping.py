@@ -98,3 +98,8 @@ def test_filter_built_from_the_spec():
     f = make_difficulty_filter(s, 1000)
     assert (f.window, f.retire_unsolved, f.min_active) == (3, False, 64)
     assert make_difficulty_filter(_spec(), 1000) is None
+    f.record([3, 4], [1.0, 0.5])
+    f.record([3], [1.0])
+    f.record([3], [1.0])
+    resumed = make_difficulty_filter(s, 1000, f.state_dict())  # a checkpoint's TrainerState.difficulty
+    assert resumed.retired == {3} and list(resumed.history[4]) == [0.5]

@@ -8,8 +8,8 @@ are 1 (or all 0 with `retire_unsolved`) the prompt is retired: the prompt stream
 from then on. Retiring stops at `min_active` prompts, so a step never has to draw one twice.
 
 Keyed by the prompt's index in the training split, so the state is a small dict that a
-checkpoint can hold (`state_dict`), and the same on every rank (`record` gets every rank's
-groups).
+checkpoint holds (`TrainerState.difficulty`: a resumed run skips what it had retired), and
+the same on every rank (`record_draws` gives every rank every rank's groups).
 """
 from __future__ import annotations
 
@@ -63,13 +63,17 @@ class DifficultyFilter:
         self.history = {int(p): deque(h, maxlen=self.window) for p, h in state.get("history", {}).items()}
 
 
-def make_difficulty_filter(spec, n_prompts: int) -> DifficultyFilter | None:
-    """The spec's filter (None when off); never fewer active prompts than a step draws."""
+def make_difficulty_filter(spec, n_prompts: int, state: dict | None = None) -> DifficultyFilter | None:
+    """The spec's filter (None when off), with a resumed run's `state`; never fewer active
+    prompts than a step draws."""
     f = spec.algo.difficulty_filter
     if f is None:
         return None
     widest = max(s.prompts_per_step for s in spec.rollout.schedule)
-    return DifficultyFilter(f.window, f.retire == "solved_or_unsolved", n_prompts, widest)
+    filt = DifficultyFilter(f.window, f.retire == "solved_or_unsolved", n_prompts, widest)
+    if state is not None:
+        filt.load_state_dict(state)
+    return filt
 
 
 def record_draws(filt: DifficultyFilter, drawn: list[int], correct: torch.Tensor, group: torch.Tensor) -> int:

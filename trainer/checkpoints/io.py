@@ -57,9 +57,21 @@ class TrainerState:
     broaden_starts: list[int] = field(default_factory=list)
     plateau_best: float | None = None
     plateau_since: int = 0
+    # algo.difficulty_filter: the retired prompts and the recent draws (DifficultyFilter.state_dict).
+    difficulty: dict | None = None
     # The spec this state was trained under (`model_dump(mode="json")`), so that a resume under
     # another spec can name the fields that changed (older checkpoints: only the hash).
     spec: dict | None = None
+
+
+@dataclass(frozen=True)
+class StartFrom:
+    """Another job's checkpoint a new job starts from (`spec.continue_from`, resolved by the
+    worker): its weights (full fine-tuning) or its base and adapter (LoRA), and with `optimizer`
+    its optimizer state; the new job's counters, schedule and data stream start afresh."""
+
+    folder: Path
+    optimizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,19 @@ def latest(out_dir: Path) -> Path | None:
     found = list_checkpoints(checkpoints_dir(out_dir))
     return found[-1] if found else None
 
+def load_optimizer(folder: Path, optimizer, policy=None) -> None:
+    """The optimizer state of the checkpoint in `folder` (a many-rank `dcp/` reshards into this
+    run, which also reloads the policy's weights it holds; a one-process `optimizer.pt` is split
+    over the ranks)."""
+    ts = Path(folder) / "trainer_state"
+    if (ts / "dcp").is_dir():
+        distributed.load_sharded(ts / "dcp", policy, optimizer)
+    elif distributed.is_sharded(policy):
+        distributed.load_full_optimizer(policy, optimizer, torch.load(ts / "optimizer.pt", weights_only=False))
+    else:
+        optimizer.load_state_dict(torch.load(ts / "optimizer.pt", weights_only=False))
+
+
 def load_state(folder: Path, optimizer, ref_model, policy=None) -> TrainerState:
     """Verify `folder`, restore optimizer, RNG and reference weights; return the counters.
 
@@ -184,12 +209,7 @@ def load_state(folder: Path, optimizer, ref_model, policy=None) -> TrainerState:
     verify(folder)
     ts = folder / "trainer_state"
     state = TrainerState(**json.loads((ts / "state.json").read_text()))
-    if (ts / "dcp").is_dir():
-        distributed.load_sharded(ts / "dcp", policy, optimizer)
-    elif distributed.is_sharded(policy):
-        distributed.load_full_optimizer(policy, optimizer, torch.load(ts / "optimizer.pt", weights_only=False))
-    else:
-        optimizer.load_state_dict(torch.load(ts / "optimizer.pt", weights_only=False))
+    load_optimizer(folder, optimizer, policy)
     rng = torch.load(ts / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
