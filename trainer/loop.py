@@ -173,7 +173,8 @@ def _probe_current(run: Run, step: int, at_n: int) -> dict:
 
 def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool],
                      resume: Path | None = None, *, out_dir: Path, dataset_path: Path | None = None,
-                     on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
+                     on_step: Callable[[int, dict], None] | None = None,
+                     start_from: checkpoint.StartFrom | None = None) -> TrainResult:
     """`trainer.entry.train`'s contract, in this process; on ranks, each rank runs this."""
     if spec.resources.world_size > 1 and not distributed.launched_as_rank():
         raise ValueError("a job of more than one rank (resources.nodes x gpus_per_node) runs on ranks: "
@@ -182,7 +183,8 @@ def train_in_process(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[],
     # leave the others waiting in a collective (the launcher kills ranks after a grace period).
     check = never if distributed.active() else stop_check(should_stop)
     try:
-        run = build_run(spec, Path(out_dir), resume, dataset_path, check, PhaseProgress(sink))
+        run = build_run(spec, Path(out_dir), resume, dataset_path, check, PhaseProgress(sink),
+                        start_from=None if resume is not None else start_from)
     except StopRequested:  # during the warm start of builtin:tiny
         return TrainResult.stopped_before_start()
     try:

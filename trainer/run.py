@@ -190,6 +190,19 @@ def model_dir_for(spec: JobSpec, task: Task, scorer, stop_check: Callable[[], No
     return Path(spec.model.path)
 
 
+def start_dir(spec: JobSpec, start_from: checkpoint.StartFrom) -> Path:
+    """Where a continued job's model loads from: the parent's checkpoint (full fine-tuning), or
+    for LoRA the base its adapter was trained on (peft's adapter_config.json names it); the
+    adapter itself then loads from the checkpoint."""
+    folder = Path(start_from.folder)
+    if spec.model.lora is None:
+        return folder
+    base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+    if not base or not Path(base).is_dir():
+        raise FileNotFoundError(f"the base model the continued job's adapter was trained on is gone ({base!r})")
+    return Path(base)
+
+
 def _built_task(spec: JobSpec, dataset_path: Path | None, stop_check: Callable[[], None],
                 progress: PhaseProgress) -> Task:
     """The spec's task, built inside a `task` phase (a large dataset or generator takes a while)."""
@@ -251,12 +264,14 @@ def _optimizer_and_state(spec: JobSpec, models: _Models, resume: Path | None, cd
 
 
 def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: Path | None,
-              stop_check: Callable[[], None] = never, progress: PhaseProgress | None = None) -> Run:
+              stop_check: Callable[[], None] = never, progress: PhaseProgress | None = None,
+              start_from: checkpoint.StartFrom | None = None) -> Run:
     """Everything the loop needs. On torchrun's ranks (trainer/distributed/launch.py joined the process
     group first) the policy is sharded with FSDP2 and each rank's engine holds a whole copy;
     a LoRA policy is replicated instead (each rank holds the base and the adapter).
     `progress` hears each long phase: task, warm_start (a builtin:tiny build), model_load,
-    engine_start (`trainer.events.Phase`)."""
+    engine_start (`trainer.events.Phase`). `start_from`: another job's checkpoint to start
+    from (`spec.continue_from`): its weights or adapter (and optimizer state), fresh counters."""
     progress = progress or no_progress()
     torch.manual_seed(spec.seed)
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
@@ -265,16 +280,20 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     task = _built_task(spec, dataset_path, stop_check, progress)
     scorer = make_scorer(spec, task, stop_check)
     try:
-        model_dir = model_dir_for(spec, task, scorer, stop_check, progress)
+        model_dir = start_dir(spec, start_from) if start_from is not None else \
+            model_dir_for(spec, task, scorer, stop_check, progress)
     except BaseException:  # a stop during the warm start: the scorer's processes go too
         scorer.close()
         raise
     cdtype = compute_dtype(spec.model.dtype, device)
-    loading = f"loading {spec.model.path}" + (" and the checkpoint to resume from" if resume else "")
+    loading = f"loading {spec.model.path}" + (" and the checkpoint to resume from" if resume else
+                                              " from the checkpoint it continues" if start_from else "")
     with progress.phase(Phase.model_load, loading):
-        models = _load_models(spec, model_dir, resume, device, cdtype)
+        models = _load_models(spec, model_dir, resume or (start_from and start_from.folder), device, cdtype)
         policy, tokenizer = models.policy, models.tokenizer
         optimizer, state, plans = _optimizer_and_state(spec, models, resume, cdtype)
+        if resume is None and start_from is not None and start_from.optimizer:
+            checkpoint.load_optimizer(start_from.folder, optimizer, policy)
 
     template = spec.task.prompt_template
     train_ids = encode_prompts(tokenizer, task.train, template)

@@ -85,7 +85,7 @@ class _Relay:
 def train_on_ranks(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], bool],
                    resume: Path | None = None, *, out_dir: Path, dataset_path: Path | None = None,
                    on_step: Callable[[int, dict], None] | None = None,
-                   launcher: Launcher | None = None) -> TrainResult:
+                   launcher: Launcher | None = None, start_from=None) -> TrainResult:
     """`trainer.entry.train` on the ranks `spec.resources` asks for; same contract. `launcher`:
     the deployment's (`BRORL_LAUNCHER`) when not given."""
     from trainer.events import PhaseProgress
@@ -95,11 +95,13 @@ def train_on_ranks(spec: JobSpec, sink: MetricsSink, should_stop: Callable[[], b
     launcher = launcher or configured_launcher()
     try:
         # Where a cancel reaches it, its progress reported as the ranks' own phases would be.
-        prepare_tiny_model(spec, dataset_path, stop_check(should_stop), PhaseProgress(sink))
+        if start_from is None and resume is None:  # a continuation loads its parent's weights
+            prepare_tiny_model(spec, dataset_path, stop_check(should_stop), PhaseProgress(sink))
     except StopRequested:
         return TrainResult.stopped_before_start()
     control = ControlFolder.fresh(out_dir)
-    control.write_job(JobMessage(spec=spec, out_dir=Path(out_dir), resume=resume, dataset_path=dataset_path))
+    control.write_job(JobMessage(spec=spec, out_dir=Path(out_dir), resume=resume, dataset_path=dataset_path,
+                                 start_from=None if resume is not None else start_from))
     relay = _Relay(control.sink_file, sink, on_step)
     ranks = launcher.start(control, spec, sink.event)
     stop_at = None

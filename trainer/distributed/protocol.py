@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.result import TrainResult
+from trainer.checkpoints.io import StartFrom
 from trainer.sink import MetricsSink, NullSink, RecordSink
 from trainer.spec import JobSpec
 
@@ -41,17 +42,22 @@ class JobMessage:
     out_dir: Path
     resume: Path | None = None
     dataset_path: Path | None = None
+    start_from: StartFrom | None = None
 
     def to_json(self) -> dict:
         return {"spec": self.spec.model_dump(mode="json"), "out_dir": str(self.out_dir),
                 "resume": str(self.resume) if self.resume else None,
-                "dataset_path": str(self.dataset_path) if self.dataset_path else None}
+                "dataset_path": str(self.dataset_path) if self.dataset_path else None,
+                "start_from": {"folder": str(self.start_from.folder), "optimizer": self.start_from.optimizer}
+                if self.start_from else None}
 
     @classmethod
     def from_json(cls, data: dict) -> JobMessage:
         return cls(spec=JobSpec.model_validate(data["spec"]), out_dir=Path(data["out_dir"]),
                    resume=Path(data["resume"]) if data.get("resume") else None,
-                   dataset_path=Path(data["dataset_path"]) if data.get("dataset_path") else None)
+                   dataset_path=Path(data["dataset_path"]) if data.get("dataset_path") else None,
+                   start_from=StartFrom(Path(data["start_from"]["folder"]), bool(data["start_from"]["optimizer"]))
+                   if data.get("start_from") else None)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def main(control_path: Path) -> int:
     try:
         job = control.read_job()  # a spec that does not validate here is reported like any error
         result = train_in_process(job.spec, control.rank_sink(rank), control.stop_requested, resume=job.resume,
-                                  out_dir=job.out_dir, dataset_path=job.dataset_path)
+                                  out_dir=job.out_dir, dataset_path=job.dataset_path, start_from=job.start_from)
         if rank == 0:
             control.write_result(result)
         distributed.barrier()  # leave together: a gloo peer torn down mid-exchange aborts
