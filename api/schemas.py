@@ -93,8 +93,23 @@ class JobSummary(_Public):
         return values
 
 
+class QueuePublic(BaseModel):
+    position: int = Field(description="1: the next job a worker of this queue takes.")
+    gpus: int = Field(description="The queue: jobs asking for this many GPUs.")
+    ahead: int = Field(description="Queued jobs ahead of this one, every tenant's.")
+    yours_ahead: list[str] = Field(description="Your jobs among them (others' are only counted).")
+    others_ahead: int
+    running: int = Field(description="Jobs of this queue running now.")
+
+
 class JobPublic(JobSummary):
     spec: dict[str, Any] = Field(description="The job spec as stored, defaults filled in.")
+    # Filled by GET /v1/jobs/{id} (api/estimates.py); null elsewhere.
+    queue: QueuePublic | None = Field(None, description="A queued job's place in the queue of "
+                                      "its GPU count; null when not queued.")
+    eta_seconds: float | None = Field(None, description="A running job's seconds left, from its "
+                                      "own recent steps; null otherwise or before its first step.")
+    eta_at: datetime | None = Field(None, description="When a running job should finish (now + eta_seconds).")
 
 
 class EventPublic(_Public):

@@ -143,17 +143,27 @@ def _insert_then_enqueue(session: Session, insert: Callable[[], tuple[Job, bool]
     return row, created
 
 
+def check_job(spec: JobSpec, session: Session, settings: Settings, tenant_id: int,
+              request: Request) -> tuple[ApiError | None, Dataset | None]:
+    """Checks 1-6 of a training job: raises what fails; returns the quota error a new row
+    would get (None within quota) and the dataset the task reads. A dry run
+    (`POST /v1/jobs?dry_run=true`) runs exactly these and stops."""
+    check_model_path(spec.model.path, settings)
+    request.app.state.task_check.check(spec)
+    check_gpus(spec.resources.gpus_per_node, settings)
+    over_quota = job_quota_error(session, settings, tenant_id)
+    stored = owned_dataset(session, tenant_id, spec.task)
+    check_reward(spec.task, stored, settings)
+    return over_quota, stored
+
+
 def submit_job(spec: JobSpec, session: Session, settings: Settings, tenant_id: int,
                enqueue: Enqueue, request: Request, idempotency_key: str | None = None,
                client_meta: dict[str, Any] | None = None) -> tuple[Job, bool]:
     """A training job through 1-8; returns (job, created). The native route and the
     OpenAI-shaped one (api/openai/jobs.py) both call this. `client_meta` is stored beside the
     spec (store.jobs)."""
-    check_model_path(spec.model.path, settings)
-    request.app.state.task_check.check(spec)
-    check_gpus(spec.resources.gpus_per_node, settings)
-    over_quota = job_quota_error(session, settings, tenant_id)
-    check_reward(spec.task, owned_dataset(session, tenant_id, spec.task), settings)
+    over_quota, _ = check_job(spec, session, settings, tenant_id, request)
     return _insert_then_enqueue(session, lambda: jobs.create_job(
         session, tenant_id, spec.model_dump(mode="json"), total_steps=spec.total_steps,
         name=spec.name, idempotency_key=idempotency_key, client_meta=client_meta),

@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     # Each count has its own queue (worker.celery_app.queue_for); `brorl up` serves them all.
     # NoDecode: the env value is the comma list itself, not JSON.
     gpu_counts: Annotated[tuple[int, ...], NoDecode] = (1,)
+    # Memory of one worker device (GiB) that a job's estimate checks its spec against
+    # (api/estimate_model.py); 0: unknown, the fit is not checked.
+    worker_memory_gb: float = Field(0, ge=0)
 
     # --- API hardening (api/guards.py, api/ratelimit.py, api/quotas.py; docs/hardening.md).
     # A JSON body (a job spec) larger than this is a 413 before it is parsed.

@@ -5,6 +5,10 @@ runs the checks, inserts, commits and enqueues (the sequence every job row goes 
 the broker is down the enqueue fails after the commit; the job then stays queued, the request
 still answers 201 (the job exists, and the database is the truth), and the error is logged.
 
+A dry run (`?dry_run=true`) runs the same checks (the job quota included: a dry run that a real
+submission would refuse is refused the same way), stores and enqueues nothing, and answers 200
+with the estimate (api/estimates.py).
+
 Idempotency: a request repeating an earlier `Idempotency-Key` with the same body returns
 that job with 200 (not 201: nothing was created, and clients can tell a replay apart); the
 same key with another body is a 409. Replays do not enqueue again: the first request did.
@@ -16,14 +20,16 @@ import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
+from fastapi.responses import JSONResponse
 
 from store import job_pause, jobs
 from store.tables import JobStatus
 from trainer.spec import JobSpec
 
 from api.deps import EnqueueDep, SessionDep, SettingsDep, TenantDep
+from api.estimates import JobEstimate, estimate, progress_fields
 from api.schemas import JobPublic, JobSummary, ListPublic
-from api.submission import IdempotencyKey, job_or_404, resume_job, submit_job
+from api.submission import IdempotencyKey, check_job, job_or_404, resume_job, submit_job
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +37,28 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 @router.post(
     "", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
-    responses={200: {"model": JobPublic, "description": "Replay of an Idempotency-Key."},
+    responses={200: {"model": JobPublic | JobEstimate, "description": "Replay of an "
+                     "Idempotency-Key (the job), or with dry_run=true the estimate."},
                409: {"description": "Idempotency-Key reused with a different body."}},
 )
 def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
                enqueue: EnqueueDep, request: Request, response: Response,
-               idempotency_key: IdempotencyKey = None) -> JobPublic:
-    """Submit a training job; 201 with the queued job."""
+               idempotency_key: IdempotencyKey = None,
+               dry_run: Annotated[bool, Query(description="Check and estimate the spec; store "
+                                               "and enqueue nothing.")] = False) -> JobPublic:
+    """Submit a training job; 201 with the queued job (dry_run=true: 200 with its estimate)."""
+    if dry_run:
+        over_quota, dataset = check_job(spec, session, settings, tenant.id, request)
+        if over_quota is not None:  # a real submission of a new job would be refused
+            raise over_quota
+        found = estimate(spec, session, settings, dataset)
+        session.rollback()  # read only: nothing of a dry run stays
+        return JSONResponse(found.model_dump(mode="json"))  # type: ignore[return-value]
     job, created = submit_job(spec, session, settings, tenant.id, enqueue, request,
                               idempotency_key)
     if not created:
         response.status_code = status.HTTP_200_OK
-    return JobPublic.model_validate(job)
+    return JobPublic.model_validate(job).model_copy(update=progress_fields(session, job))
 
 
 @router.get("", response_model=ListPublic[JobSummary])
@@ -61,7 +77,9 @@ def list_jobs(
 
 @router.get("/{job_id}", response_model=JobPublic)
 def get_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobPublic:
-    return JobPublic.model_validate(job_or_404(session, tenant.id, job_id))
+    """The job, with its place in the queue (queued) or its ETA (running)."""
+    job = job_or_404(session, tenant.id, job_id)
+    return JobPublic.model_validate(job).model_copy(update=progress_fields(session, job))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic,
