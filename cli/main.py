@@ -7,14 +7,15 @@
 - cli.probe:    the pass@k probe and its recommendation (here or on the service)
 - cli.graders:  tries a grader on the service (graders validate, graders run)
 - cli.webhooks: webhook endpoints and their delivery logs
+- cli.chat:     talks to a checkpoint (chat)
 Heavy imports (torch, FastAPI, Celery) happen inside the commands, so `brorl --help` is quick.
 """
 import typer
 
-from cli import evidence, graders, local, probe, remote, server, webhooks
+from cli import chat, evidence, graders, local, probe, remote, server, webhooks
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="BroRL as a service.")
-for module in (remote, server, local, evidence, graders, probe, webhooks):
+for module in (remote, server, local, evidence, graders, probe, webhooks, chat):
     module.register(app)
 
 if __name__ == "__main__":

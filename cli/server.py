@@ -225,9 +225,25 @@ def _up(host: str, port: int, data_dir: Optional[Path], stop_timeout: float) -> 
                 "--limit-concurrency", str(UP_LIMIT_CONCURRENCY)]
     # `kill -USR1 <pid>` prints where every thread of `brorl up` is (for a stop that hangs).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _local_inference_port(host)
     procs = {"api": _spawn(api_argv)}
     procs["worker"] = _spawn(up_worker_command(settings))
+    procs["inference"] = _spawn(INFERENCE_SERVER)
     return supervise(procs, stop_timeout)
+
+
+INFERENCE_SERVER = [sys.executable, "-m", "worker.inference_server"]
+
+
+def _local_inference_port(host: str) -> None:
+    """`brorl up`'s inference server listens on a free port beside the API unless one is set;
+    the children read it from the environment (docs/inference.md)."""
+    from store.settings import reset_settings_cache
+
+    if not os.environ.get("BRORL_INFERENCE_PORT"):
+        os.environ["BRORL_INFERENCE_PORT"] = str(_free_port(host))
+    os.environ.setdefault("BRORL_INFERENCE_HOST", host)
+    reset_settings_cache()
 
 
 def _wait_ready(client, proc: subprocess.Popen, timeout: float) -> None:
@@ -317,12 +333,16 @@ def _register_service(app: typer.Typer) -> None:
                                          help="Also run the reaper's schedule (one per deployment!)."),
                pool: str = typer.Option("solo", "--pool", help="solo | prefork"),
                concurrency: int = typer.Option(1, "--concurrency", "-c"),
-               loglevel: str = typer.Option("INFO", "--loglevel")):
+               loglevel: str = typer.Option("INFO", "--loglevel"),
+               inference: bool = typer.Option(False, "--inference", help="Also run an inference "
+                                              "server for chat on checkpoints (docs/inference.md).")):
         """Run a Celery worker for training jobs (queue gpu, or --gpus G's; one job at a time)."""
         from store.settings import get_settings
         from worker.celery_app import app as celery_app
 
         get_settings()  # creates the data dir (the beat schedule file lives there)
+        if inference:  # its own process: a training task must not hold up a chat
+            _spawn(INFERENCE_SERVER)
         celery_app.worker_main(worker_argv(worker_queues(queues, gpus), beat, pool, concurrency,
                                            loglevel))
 

@@ -141,6 +141,19 @@ class Settings(BaseSettings):
     allowed_hosts: Annotated[list[str], NoDecode] = ["*"]
     # `/metrics` shows per-status job counts only to `Authorization: Bearer <metrics_token>`.
     metrics_token: str = ""
+    # Talking to checkpoints (docs/inference.md): the API proxies /v1/chat/completions and
+    # /v1/completions to the workers' inference servers.
+    inference_urls: str = ""  # comma-separated; empty: the local one at inference_host:port
+    inference_host: str = "127.0.0.1"
+    inference_port: int = Field(8090, ge=1, le=65535)
+    inference_token: str = ""  # empty: a random one kept in {data_dir}/inference.token
+    inference_backend: str = "auto"  # auto: vllm with a GPU and vLLM, else hf
+    inference_cache_models: int = Field(2, ge=1)
+    inference_cache_bytes: int = Field(8 * 1024 * MIB, ge=1)
+    inference_max_tokens: int = Field(1024, ge=1)
+    inference_max_n: int = Field(4, ge=1)
+    inference_timeout_s: float = Field(300, gt=0)
+    max_generations_per_tenant: int = Field(2, ge=1)  # concurrent, per API process
     worker_id: str = Field(default_factory=_default_worker_id)
 
     @model_validator(mode="before")
