@@ -143,6 +143,10 @@ class BrorlClient:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._json("POST", "/v1/jobs", json=spec, headers=headers)
 
+    def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The spec checked and estimated (`POST /v1/jobs?dry_run=true`); nothing is stored."""
+        return self._json("POST", "/v1/jobs", json=spec, params={"dry_run": "true"})
+
     def list_jobs(self, limit: int = 20, after: str | None = None,
                   status: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}

@@ -1,6 +1,6 @@
 """`brorl` commands that talk to a running service over HTTP (through `cli.client`).
 
-    brorl submit SPEC.yaml [--idempotency-key K] [--wait]
+    brorl submit SPEC.yaml [--idempotency-key K] [--wait] [--dry-run]
     brorl jobs list [--status S] [--limit N] | show ID | cancel ID | wait ID
     brorl metrics JOB [--follow]
     brorl download JOB [--step S] -o DIR
@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.client import TERMINAL, BrorlAPIError, BrorlClient
+from cli.estimates import estimate_text, progress_line
 from cli.phases import PhaseStatus
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -191,9 +192,13 @@ def _jobs_table(jobs: list[dict[str, Any]]) -> Table:
 @api_errors
 def submit(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="YAML or JSON."),
            idempotency_key: Optional[str] = typer.Option(None, "--idempotency-key"),
-           wait: bool = typer.Option(False, "--wait", help="Follow the job until it ends.")):
-    """Submit a job spec; prints the job id."""
+           wait: bool = typer.Option(False, "--wait", help="Follow the job until it ends."),
+           dry_run: bool = typer.Option(False, "--dry-run", help="Check and estimate; submit nothing.")):
+    """Submit a job spec; prints the job id (--dry-run: its estimate)."""
     with make_client() as client:
+        if dry_run:
+            console.print(estimate_text(client.estimate(load_spec_file(spec))), highlight=False, soft_wrap=True)
+            return
         job = client.submit(load_spec_file(spec), idempotency_key=idempotency_key)
         console.print(f"{job['id']} {job['status']}", highlight=False)
         if wait:
@@ -214,9 +219,12 @@ def jobs_list(status: Optional[str] = typer.Option(None, "--status"),
 
 @api_errors
 def jobs_show(job_id: str):
-    """The job object as JSON."""
+    """The job object as JSON (a queued job's place or a running job's ETA first, on stderr)."""
     with make_client() as client:
-        console.print_json(data=client.get_job(job_id))
+        job = client.get_job(job_id)
+    if (line := progress_line(job)) is not None:
+        err_console.print(line, highlight=False, soft_wrap=True)
+    console.print_json(data=job)
 
 
 @api_errors

@@ -186,3 +186,44 @@ def test_estimate_model_counts_evaluations_like_the_loop():
     assert evaluation_count(7, 0) == 2
     spec = JobSpec.model_validate(make_spec(rollout=ROLLOUT, eval={"every": 2}))
     assert work(spec, 10)["evaluation"]["count"] == 4  # before, at 2 and 4, at the end (5)
+
+
+def _cli(client, auth, monkeypatch, *args: str):
+    """Runs `brorl ARGS` against the test app (the CLI's client over the TestClient)."""
+    from typer.testing import CliRunner
+
+    from cli import remote
+    from cli.client import BrorlClient
+    from cli.main import app as cli_app
+
+    brorl = BrorlClient("http://testserver", None)
+    brorl._http.close()
+    brorl._http = client
+    client.headers.update(auth)
+    monkeypatch.setattr(remote, "make_client", lambda *a, **k: brorl)
+    monkeypatch.setattr(BrorlClient, "close", lambda self: None)  # the test owns the TestClient
+    return CliRunner().invoke(cli_app, list(args))
+
+
+def test_cli_dry_run_and_jobs_show(client, auth, enqueued, monkeypatch, tmp_path: Path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(make_spec(rollout=ROLLOUT)))
+    result = _cli(client, auth, monkeypatch, "submit", "--dry-run", str(spec))
+    assert result.exit_code == 0, result.output
+    assert "stage 1: 2 steps x 1 prompts x n=8 = 16 samples, <= 512 tokens" in result.output
+    assert "about 22 s" in result.output and "no measurements yet" in result.output
+    assert enqueued == []
+    job_id = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
+    result = _cli(client, auth, monkeypatch, "jobs", "show", job_id)
+    assert result.exit_code == 0, result.output
+    assert "queued: position 1 on the 1-GPU queue" in result.output and job_id in result.output
+
+
+def test_progress_line_of_a_running_job():
+    from cli.estimates import duration, progress_line
+
+    assert duration(59) == "59 s" and duration(200) == "3 min 20 s" and duration(7500) == "2 h 05 min"
+    job = {"queue": None, "eta_seconds": 200.0, "eta_at": "2026-01-01T10:00:00Z", "step": 2,
+           "total_steps": 5}
+    assert progress_line(job) == "running: step 2/5, about 3 min 20 s left (ETA 2026-01-01T10:00:00Z)"
+    assert progress_line({"queue": None, "eta_seconds": None}) is None
