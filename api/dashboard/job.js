@@ -135,7 +135,17 @@
     warnBox.hidden = !job.warning;
     warnBox.textContent = job.warning ? `warning: ${job.warning}` : "";
     document.getElementById("cancel").hidden = TERMINAL.includes(job.status) || job.cancel_requested;
+    document.getElementById("job-eta").textContent = etaText(job);
     renderPhase();
+  }
+
+  /** A queued job's place in its GPU queue, or a running job's time left (GET /v1/jobs/{id}). */
+  function etaText(j) {
+    const q = j.queue;
+    if (q) return `queued: position ${q.position} on the ${q.gpus}-GPU queue (${q.yours_ahead.length} of yours, ${q.others_ahead} other(s) ahead; ${q.running} running)`;
+    if (j.eta_seconds == null) return "";
+    const m = Math.round(j.eta_seconds / 60);
+    return `about ${m < 1 ? "<1" : m} min left (ETA ${fmtTime(j.eta_at)})`;
   }
 
   async function refreshJob() {
@@ -242,7 +252,7 @@
   let sideTimer = null;
   async function refreshSide() {
     clearTimeout(sideTimer);
-    try { await Promise.all([refreshEvents(), refreshCheckpoints(), refreshProbes()]); } catch (_) { /* next poll */ }
+    try { await Promise.all([refreshJob(), refreshEvents(), refreshCheckpoints(), refreshProbes()]); } catch (_) { /* next poll */ }
     if (!TERMINAL.includes(job.status)) sideTimer = setTimeout(refreshSide, 5000);
   }
 
