@@ -90,6 +90,47 @@
     return null;
   }
 
+  /** 4 s, 3 min 20 s, 2 h 05 min (as the CLI writes it). */
+  function duration(sec) {
+    const s = Math.round(sec), pad = (x) => String(x).padStart(2, "0");
+    if (s < 60) return `${s} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ${pad(s % 60)} s`;
+    return `${Math.floor(s / 3600)} h ${pad(Math.floor((s % 3600) / 60))} min`;
+  }
+
+  // "Estimate": the same checks as a submission, nothing stored (POST /v1/jobs?dry_run=true).
+  function estimateLines(e) {
+    const n = (x) => Number(x).toLocaleString("en"), w = e.wall_time, m = e.memory;
+    const fit = { true: "fits", false: "does not fit", null: "not checked" }[String(m.fits)];
+    return [
+      ...e.stages.map((s) => `stage ${s.stage}: ${s.steps} steps × ${s.prompts_per_step} prompts × n=${s.n} = ${n(s.samples)} samples`),
+      `evaluation: ${e.evaluation.count} × ${e.evaluation.prompts} prompts × ${e.evaluation.samples_per_prompt} = ${n(e.evaluation.samples)} samples`,
+      `in all: ${n(e.samples)} samples, at most ${n(e.response_tokens_max)} response tokens (${e.tokens_note})`,
+      `wall time: about ${duration(w.seconds)}. ${w.derivation}`,
+      w.past_accuracy.jobs ? `past jobs: actual / estimate, median ${w.past_accuracy.median_actual_over_estimate} over ${w.past_accuracy.jobs}` : "past jobs: none to compare with yet",
+      m.total_gb === null ? `memory: ${m.note}` : `memory: ${m.total_gb} GiB per rank${m.worker_gb ? ` of ${m.worker_gb} GiB` : ""}: ${fit}. ${m.note}`,
+      `queue: ${e.queued_ahead} job(s) queued on the ${e.gpus}-GPU queue now`,
+    ];
+  }
+
+  async function estimate() {
+    const spec = parsed();
+    const box = document.getElementById("estimate-box");
+    box.hidden = true;
+    document.getElementById("outline").hidden = true;
+    if (!spec) return;
+    try {
+      const e = await (await api("/v1/jobs?dry_run=true", { method: "POST", json: spec })).json();
+      document.getElementById("estimate-lines").replaceChildren(
+        ...estimateLines(e).map((t) => el("li", { text: t })));
+      box.classList.toggle("has-error", e.fits === false);
+      box.hidden = false;
+    } catch (e) {
+      document.getElementById("submit-msg").textContent = `${e.status || ""} ${e.type || "error"}: ${e.message}`;
+      if (e.status === 422) showErrors(spec, splitErrors(e));
+    }
+  }
+
   // "Probe first": the spec's model on its task, sampled at its rollout settings (docs/probe.md).
   async function probeFirst() {
     const spec = parsed();
@@ -114,6 +155,7 @@
       sessionStorage.removeItem("brorl.submitPrefill");
     }
     document.getElementById("probe-first").addEventListener("click", probeFirst);
+    document.getElementById("estimate").addEventListener("click", estimate);
     document.getElementById("template").addEventListener("click", async () => {
       text().value = await (await fetch("/static/template.yaml")).text();
     });
