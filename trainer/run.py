@@ -96,12 +96,13 @@ def cache_dir() -> Path:
 def tiny_model_key(spec: JobSpec) -> str:
     """Cache key of the builtin:tiny model for this spec: its task and seed (and the build's
     version, bumped whenever the warm start changes so stale cached models are not reused;
-    v3: the stopping hold-out moved from the eval split to a validation slice of train). The
+    v3: the stopping hold-out moved from the eval split to a validation slice of train; v4: the
+    warm start runs on one torch thread). The
     job's reward (grader, binary or score) is left out: the warm start learns the task's
     answers and stops on its built-in verifier's `correct`, whatever the job's reward
     (`_warm_started`)."""
     task = spec.task.model_dump(mode="json", exclude=REWARD_FIELDS)
-    key_src = {"task": task, "seed": spec.seed, "v": 3}
+    key_src = {"task": task, "seed": spec.seed, "v": 4}
     return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
 
 

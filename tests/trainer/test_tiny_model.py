@@ -176,6 +176,25 @@ def test_progress_between_evaluations_is_throttled(monkeypatch):
     assert calls == [0, 4, 4]  # start, the one evaluation, the end
 
 
+def test_warm_start_runs_on_one_thread_and_restores_the_count():
+    # Two threads spin-waited on shared cores (10x slower steps); one also fixes the weights
+    # whatever the machine's thread count.
+    seen: list[int] = []
+
+    def score(prompts, completions):
+        seen.append(torch.get_num_threads())
+        return [False] * len(prompts)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model, _ = tiny_model.build_untrained(0)
+        warm(model, score, max_steps=2)
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 # --------------------------------------------------------------------------- no eval leak
 
 

@@ -11,12 +11,13 @@ and cached by a key the caller derives from (task, config, seed).
 
 Determinism: weights, data order and evaluation samples come from the seed, and the pass is
 bounded by a step count (not by time), so two builds with the same inputs give identical weights
-on any machine, as long as the torch thread count is the same (CPU matmul reductions may differ
-in the last bits between thread counts). `max_sft_seconds` adds an optional wall-clock cap for
-callers that prefer a bounded build time to reproducibility.
+(same torch build and CPU kind). The pass runs on one torch thread whatever the process's count
+(`WARM_START_THREADS`), so the thread count no longer changes the result. `max_sft_seconds` adds
+an optional wall-clock cap for callers that prefer a bounded build time to reproducibility.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -52,6 +53,11 @@ ScoreFn = Callable[[list[str], list[str]], list[bool]]
 ProgressFn = Callable[[int, int, str], None]
 # The build reports at least this often (seconds) between hold-out evaluations.
 PROGRESS_EVERY_S = 2.0
+# torch threads of the warm start. Its matmuls are small (64 sequences of ~60 tokens): a second
+# thread gained little on a quiet 2-core machine, and on shared cores it spin-waited for a
+# descheduled partner: 16 s per SFT step with 2 threads against 1.5 s with 1 on the same
+# loaded machine (load ~15). One thread also makes the weights independent of the machine's count.
+WARM_START_THREADS = 1
 
 
 def _byte_symbol(ch: str) -> str:
@@ -208,6 +214,20 @@ def _decode(ids: list[int]) -> str:
 _INV_VOCAB = {i: t for t, i in VOCAB.items()}
 
 
+def _on_warm_start_threads(fn):
+    """Run `fn` with torch's intra-op thread count at `WARM_START_THREADS`, restored after."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        before = torch.get_num_threads()
+        torch.set_num_threads(WARM_START_THREADS)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+    return wrapper
+
+
+@_on_warm_start_threads
 def warm_start(model, *, seed: int, sft_pairs: list[tuple[str, str]], score_fn: ScoreFn,
                holdout_prompts: list[str], target=(0.05, 0.60), aim: float = 0.45,
                max_steps: int = 1200, max_sft_seconds: float | None = None, eval_every: int = 25,
