@@ -161,7 +161,10 @@ class Lease:
     @contextmanager
     def held(self, max_wall_seconds: float) -> Iterator[StopState]:
         """Start the wall clock and the heartbeat; the block gets the stop state to poll."""
-        self.state.max_wall_seconds, self.state.started = max_wall_seconds, time.monotonic()
+        # The lease counts from here, as the wall clock does: what came before (validating the
+        # spec may import reasoning-gym, seconds) is not a lease that failed to renew.
+        now = time.monotonic()
+        self.state.max_wall_seconds, self.state.started, self.state.renewed = max_wall_seconds, now, now
         heartbeat = Heartbeat(self.job_id, self.attempt, self.settings, self.state)
         heartbeat.start()
         try:

@@ -15,6 +15,7 @@ import pytest
 
 from store import jobs
 from store.db import session_scope
+from store.errors import Fenced
 from store.tables import Checkpoint, Job, JobEvent, JobStatus, Metric
 from tests.support.fake_trainer import write_checkpoint
 from worker import lease, runner
@@ -392,3 +393,18 @@ def test_every_write_goes_to_the_database_of_the_settings_given(new_job, tmp_pat
     with session_scope(other.database_url) as s:
         assert jobs.claim(s, job_id, "w", lease_seconds=0.01) is None  # finished: not claimable
     assert runner.reap_and_requeue(Sent(), settings=other) == []
+
+
+def test_the_lease_counts_from_the_start_of_the_work_not_from_the_claim(new_job):
+    """Validating the stored spec may take longer than a short lease (reasoning-gym's first
+    import): the work's first stop check must not take that for a lease that failed to renew."""
+    from store.settings import get_settings
+
+    settings = get_settings().model_copy(update={"lease_seconds": 0.5, "heartbeat_seconds": 30})
+    claimed = lease.claim(new_job(), settings)
+    time.sleep(0.6)  # no heartbeat yet: it starts with the work
+    with claimed.held(max_wall_seconds=100) as state:
+        assert state.should_stop() is False
+        state.renewed -= 1.0  # and a lease that really went unrenewed is still lost
+        with pytest.raises(Fenced):
+            state.should_stop()
