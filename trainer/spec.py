@@ -25,7 +25,6 @@ from trainer.spec_base import (  # noqa: F401
     MAX_TASK_CONFIG_BYTES,
     MAX_TOTAL_STEPS,
     MAX_WALL_SECONDS,
-    SPEC_VERSION,
     FieldError,
     _first_bad_text,
     _Frozen,

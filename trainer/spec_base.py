@@ -6,7 +6,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-SPEC_VERSION = 1
 MAX_SAMPLES_PER_STEP = 1_048_576
 MAX_TOTAL_STEPS = 1_000_000
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,6 @@ class Verifier(Protocol):
     """Scores an extracted answer (never None: the scorer gives a missing answer 0)."""
 
     def __call__(self, extracted: str, answer: str, payload: dict) -> float: ...
-
-
-VerifierBuilder = Callable[[dict], Verifier]
 
 
 @dataclass
