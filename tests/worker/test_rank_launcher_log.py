@@ -9,7 +9,7 @@ def test_worker_start_logs_the_rank_launcher_or_the_bad_setting(caplog, monkeypa
     with caplog.at_level(logging.INFO, logger="worker.entrypoints"):
         assert entrypoints._log_rank_launcher() == "local"
     assert "rank launcher: local" in caplog.text
-    monkeypatch.setenv("BRORL_LAUNCHER", "ray")
+    monkeypatch.setenv("BRORL_LAUNCHER", "slurm")  # not a launcher there is
     with caplog.at_level(logging.INFO, logger="worker.entrypoints"):
         assert entrypoints._log_rank_launcher() is None
-    assert "BRORL_LAUNCHER='ray'" in caplog.text and "choose one of local" in caplog.text
+    assert "BRORL_LAUNCHER='slurm'" in caplog.text and "choose one of local" in caplog.text
