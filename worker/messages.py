@@ -2,7 +2,7 @@
 
 The `failed` event and the job's `error` are read by tenants, so they get the exception's
 type and message with absolute paths replaced by `<path>` and no traceback; the operator
-gets the full traceback in the worker's log (`log.exception` in worker.runner).
+gets the full traceback in the worker's log (`Lease.fail` in worker.lease).
 """
 
 from __future__ import annotations
