@@ -79,6 +79,9 @@ class JobSummary(_Public):
     error: str | None = None
     warning: str | None = Field(None, description="The trainer's latest warning (e.g. the job "
                                                   "cannot learn, and which field to change).")
+    parent_job_id: str | None = Field(None, description="The job whose checkpoint this one continues "
+                                      "(spec.continue_from); its continuations: "
+                                      "GET /v1/jobs/{id}/continuations.")
     overview: JobOverview = Field(description="Model, task and schedule, from the spec.")
 
     @model_validator(mode="before")

@@ -34,6 +34,7 @@ from trainer.graders.similarity import UnsupportedMetric, check_metric
 from trainer.probe_spec import ProbeSpec
 from trainer.spec import FieldError, JobSpec, ModelSpec, TaskSpec
 
+from api import continuation
 from api.deps import Enqueue
 from api.errors import ApiError, field_error
 from api.quotas import job_quota_error
@@ -162,12 +163,14 @@ def submit_job(spec: JobSpec, session: Session, settings: Settings, tenant_id: i
                client_meta: dict[str, Any] | None = None) -> tuple[Job, bool]:
     """A training job through 1-8; returns (job, created). The native route and the
     OpenAI-shaped one (api/openai/jobs.py) both call this. `client_meta` is stored beside the
-    spec (store.jobs)."""
+    spec (store.jobs). A `continue_from` is resolved first (api.continuation: the caller's
+    checkpoint, its step fixed, the parent's model), so every check sees the job as it runs."""
+    spec, parent_id = continuation.resolve(session, tenant_id, spec)
     over_quota, _ = check_job(spec, session, settings, tenant_id, request)
     return _insert_then_enqueue(session, lambda: jobs.create_job(
         session, tenant_id, spec.model_dump(mode="json"), total_steps=spec.total_steps,
-        name=spec.name, idempotency_key=idempotency_key, client_meta=client_meta),
-        over_quota, enqueue, spec.resources.gpus_per_node)
+        name=spec.name, idempotency_key=idempotency_key, client_meta=client_meta,
+        parent_job_id=parent_id), over_quota, enqueue, spec.resources.gpus_per_node)
 
 
 def submit_probe(spec: ProbeSpec, session: Session, settings: Settings, tenant_id: int,

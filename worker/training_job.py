@@ -25,6 +25,7 @@ from store.errors import Fenced
 from store.model_paths import model_path_problem
 from store.tables import Checkpoint
 from trainer.checkpoints import format as ckpt_format
+from trainer.checkpoints.format import StartFrom
 from trainer.spec import JobSpec
 from worker.celery_app import Enqueue
 from worker.lease import Lease
@@ -74,8 +75,10 @@ def _train_and_record(lease: Lease, spec: JobSpec, enqueue: Enqueue) -> str | No
         out_dir.mkdir(parents=True, exist_ok=True)
         _sweep_earlier_attempts(lease)
         train = resolve_entrypoint(settings.trainer_entrypoint)
+        start = _start_from(lease, spec)  # only a continuation passes it (test doubles lack it)
         result = train(spec, sink, state.should_stop, resume=_resume_dir(lease),
-                       out_dir=out_dir, dataset_path=lease.dataset_path(spec))
+                       out_dir=out_dir, dataset_path=lease.dataset_path(spec),
+                       **({"start_from": start} if start is not None else {}))
         sink.flush()  # rows buffered during a database outage land before the outcome
     except Fenced:
         state.fenced = True
@@ -104,6 +107,21 @@ def _resume_dir(lease: Lease) -> Path | None:
         return None
     path = Path(uri.removeprefix("file://"))
     return path if path.exists() else None
+
+
+def _start_from(lease: Lease, spec: JobSpec) -> StartFrom | None:
+    """A continued job's parent checkpoint (spec.continue_from, its step fixed at submission),
+    checked again to belong to the job's tenant; ValueError naming it when it is gone."""
+    ref = spec.continue_from
+    if ref is None:
+        return None
+    with lease.session() as s:
+        ckpt = jobs.get_checkpoint(s, lease.claim.tenant_id, ref.job, ref.step) if ref.step is not None else None
+        uri = ckpt.uri if ckpt is not None else None
+    if not uri or not Path(uri).is_dir():
+        raise ValueError(f"continue_from: the checkpoint at step {ref.step} of job {ref.job} is gone "
+                         "(checkpoint.keep_last rotates old ones out)")
+    return StartFrom(Path(uri), ref.optimizer)
 
 
 def _sweep_earlier_attempts(lease: Lease) -> None:

@@ -43,6 +43,16 @@ _NAME = re.compile(r"^step-(\d{8,})$")
 _CHUNK = 1 << 20
 
 
+@dataclass(frozen=True)
+class StartFrom:
+    """Another job's checkpoint a new job starts from (`spec.continue_from`, resolved by the
+    worker): its weights (full fine-tuning) or its base and adapter (LoRA), and with `optimizer`
+    its optimizer state; the new job's counters, schedule and data stream start afresh."""
+
+    folder: Path
+    optimizer: bool = False
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing files or does not match its manifest."""
 

@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file, save_model
 from trainer.checkpoints import format as ckpt_format
 from trainer import collectives as distributed
 from trainer.models.lora import has_an_adapter, merged_state_dict
-from trainer.checkpoints.format import CheckpointError, list_checkpoints, verify  # noqa: F401 - re-exported
+from trainer.checkpoints.format import CheckpointError, StartFrom, list_checkpoints, verify  # noqa: F401 - re-exported
 
 PREFIX = ckpt_format.PREFIX
 
@@ -62,16 +62,6 @@ class TrainerState:
     # The spec this state was trained under (`model_dump(mode="json")`), so that a resume under
     # another spec can name the fields that changed (older checkpoints: only the hash).
     spec: dict | None = None
-
-
-@dataclass(frozen=True)
-class StartFrom:
-    """Another job's checkpoint a new job starts from (`spec.continue_from`, resolved by the
-    worker): its weights (full fine-tuning) or its base and adapter (LoRA), and with `optimizer`
-    its optimizer state; the new job's counters, schedule and data stream start afresh."""
-
-    folder: Path
-    optimizer: bool = False
 
 
 @dataclass(frozen=True)
