@@ -3,8 +3,9 @@ token the API shows them (docs/inference.md).
 
 The token keeps anyone but the API from asking a worker to load a folder: the API has already
 checked the tenant and resolved the checkpoint; the server trusts what a token holder names
-(within the artifact dir). Unset, it is a random one kept in the data dir, which `brorl up`'s
-processes share; on several machines set BRORL_INFERENCE_TOKEN on all of them.
+(within the artifact dir). Unset, it is a random one kept in the artifact dir: every process
+that serves checkpoints already shares that folder (`brorl up`'s, compose's api and workers), and
+no tenant's download reaches the file. BRORL_INFERENCE_TOKEN overrides it everywhere.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ TOKEN_FILE = "inference.token"
 def inference_token(settings: Settings) -> str:
     if settings.inference_token:
         return settings.inference_token
-    path = Path(settings.data_dir) / TOKEN_FILE
+    path = Path(settings.artifact_dir) / TOKEN_FILE
     if not path.exists():
         settings.ensure_dirs()
         fresh = secrets.token_urlsafe(32)

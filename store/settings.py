@@ -146,7 +146,7 @@ class Settings(BaseSettings):
     inference_urls: str = ""  # comma-separated; empty: the local one at inference_host:port
     inference_host: str = "127.0.0.1"
     inference_port: int = Field(8090, ge=1, le=65535)
-    inference_token: str = ""  # empty: a random one kept in {data_dir}/inference.token
+    inference_token: str = ""  # empty: a random one kept in {artifact_dir}/inference.token
     inference_backend: str = "auto"  # auto: vllm with a GPU and vLLM, else hf
     inference_cache_models: int = Field(2, ge=1)
     inference_cache_bytes: int = Field(8 * 1024 * MIB, ge=1)
