@@ -81,7 +81,8 @@ def create_server(settings: Settings | None = None, cache: ModelCache | None = N
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
-        return {"status": "ok", "backend": cache.backend, "loaded": [str(p) for p in cache.keys()]}
+        # No token here, so no folder names (they carry job ids): counts only.
+        return {"status": "ok", "backend": cache.backend, "loaded": len(cache)}
 
     @app.post("/generate")
     def generate_route(request: Request, body: dict[str, Any]) -> Any:

@@ -83,6 +83,7 @@ def test_the_server_wants_the_token_and_a_checkpoint_inside_the_artifact_dir(tmp
     auth = {"Authorization": f"Bearer {inference_token(settings)}"}
     answer = client.post("/generate", json=body, headers=auth)
     assert answer.status_code == 200 and answer.text.count("\n") >= 2
+    assert client.get("/healthz").json() == {"status": "ok", "backend": "hf", "loaded": 1}
     outside = {**body, "checkpoint": str(tmp_path)}
     assert client.post("/generate", json=outside, headers=auth).status_code == 403
     gone = {**body, "checkpoint": str(folders[0].parent / "step-00000009")}
