@@ -293,6 +293,16 @@ class BrorlClient:
                           json={"grader": grader, "model_sample": model_sample,
                                 "item": item or {}})
 
+    # ------------------------------------------------------------------ continuations
+
+    def continuation_spec(self, job_id: str, broad: bool = False) -> dict[str, Any]:
+        """The spec that continues `job_id` from its newest checkpoint (broad: n x 4)."""
+        params = {"broad": "true" if broad else "false"}
+        return self._json("GET", f"/v1/jobs/{job_id}/continuation", params=params)["spec"]
+
+    def continuations(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/jobs/{job_id}/continuations")
+
     # ------------------------------------------------------------------ webhooks
 
     def create_webhook(self, url: str, event_types: list[str] | None = None,

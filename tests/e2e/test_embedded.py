@@ -220,6 +220,25 @@ def test_a_webhook_tells_of_a_job_that_succeeded(stack: Stack, key: str, client:
         receiver.close()
 
 
+def test_brorl_continue_starts_a_job_from_the_parents_checkpoint(stack: Stack, key: str, client: BrorlClient):
+    """`brorl continue JOB --broad` submits the continuation; the worker hands the trainer the
+    parent's checkpoint folder (the test trainer names it in its first event)."""
+    parent = _final(client, client.submit(make_spec("parent"))["id"], stack)
+    assert parent["status"] == "succeeded", parent
+    out = stack.brorl("continue", parent["id"], "--broad", "--optimizer", "--wait", key=key)
+    assert out.returncode == 0, out.stdout + out.stderr
+    child_id = out.stdout.split()[0]
+    child = client.get_job(child_id)
+    assert child["status"] == "succeeded" and child["parent_job_id"] == parent["id"]
+    assert child["spec"]["continue_from"] == {"job": parent["id"], "step": 3, "optimizer": True}
+    assert child["spec"]["rollout"]["schedule"][0]["n"] == 4 * parent["spec"]["rollout"]["schedule"][-1]["n"]
+    started = [e for e in client.events(child_id)["data"] if e["type"] == "stage_started"]
+    from trainer.checkpoints.format import folder_name
+
+    assert (started[0]["data"]["continued_from"], started[0]["data"]["optimizer"]) == (folder_name(3), True), started
+    assert [j["id"] for j in client.continuations(parent["id"])["data"]] == [child_id]
+
+
 def test_ctrl_c_stops_everything(stack: Stack):
     children = _descendants(stack.proc.pid)
     assert len(children) >= 2, "expected the API and the worker under brorl up"

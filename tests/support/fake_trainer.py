@@ -84,7 +84,7 @@ def _warm_start_phase(sink, seconds: float, should_stop: Callable[[], bool]) -> 
 
 
 def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = None, *,
-          out_dir: Path, dataset_path: Path | None = None) -> FakeResult:
+          out_dir: Path, dataset_path: Path | None = None, start_from=None) -> FakeResult:
     sleep_s, fail = _options(spec.name)
     if dataset_path is not None and not Path(dataset_path).is_file():
         raise FileNotFoundError(f"dataset {dataset_path} is missing")
@@ -104,7 +104,10 @@ def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = Non
         start = json.loads((Path(resume) / "trainer_state.json").read_text())["step"]
         sink.event("stage_started", {"stage": 0, "resumed_from_step": start})
     if start == 0:
-        sink.event("stage_started", {"stage": 0, "n": spec.rollout.schedule[0].n})
+        # A continuation names the parent checkpoint's folder it was handed (trainer.train's start_from).
+        origin = {"continued_from": Path(start_from.folder).name, "optimizer": start_from.optimizer} \
+            if start_from is not None else {}
+        sink.event("stage_started", {"stage": 0, "n": spec.rollout.schedule[0].n, **origin})
     checkpoint = None
     match = re.search(r"steps=([0-9]+)", spec.name)
     steps = int(match.group(1)) if match else STEPS
