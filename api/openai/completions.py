@@ -15,6 +15,7 @@ import json
 import re
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -179,7 +180,11 @@ async def _complete(request: Request, session: Session, settings: Settings, tena
         raise
     shape = _Shape(chat, req.model)
     if req.stream:
-        return StreamingResponse(_stream(shape, _pieces(client, answer), req, release),
+        body = _stream(shape, _pieces(client, answer), req, release)
+        # A client gone before the first byte leaves the stream unstarted, and its `finally`
+        # never runs: the slot comes back when the generator is collected.
+        weakref.finalize(body, release)
+        return StreamingResponse(body,
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:

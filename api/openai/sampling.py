@@ -10,6 +10,7 @@ dropped.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise bad_request(name, f"must be a number, got {value!r}")
     if value > high or value < low or (low_open and value == low):
         side = "(" if low_open else "["

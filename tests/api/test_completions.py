@@ -49,6 +49,7 @@ def test_each_parameter_is_honoured_or_refused_by_name() -> None:
     for body, param in (({"max_tokens": 101}, "max_tokens"), ({"max_tokens": 0}, "max_tokens"),
                         ({"max_completion_tokens": 500}, "max_completion_tokens"),
                         ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
+                        ({"temperature": float("nan")}, "temperature"),
                         ({"n": True}, "n"), ({"n": 5}, "n"), ({"stop": ["a"] * 5}, "stop"),
                         ({"stop": [""]}, "stop"), ({"seed": "1"}, "seed"),
                         ({"logprobs": True}, "logprobs"), ({"tools": [{"type": "function"}]}, "tools"),
@@ -158,6 +159,18 @@ def test_a_tenant_has_at_most_its_generations_at_once(slow_stack, settings) -> N
             assert "generations in progress" in second.json()["error"]["message"]
             release.set()
             assert [line for line in lines if line][-1] == "data: [DONE]"
+        release.clear()  # the stand-in holds its last piece again
+        with http.stream("POST", "/v1/chat/completions", json=body) as hung_up:
+            assert hung_up.status_code == 200
+        # That client hung up mid-answer: its slot comes back although the answer never ended.
+        deadline = time.monotonic() + 10
+        while True:
+            with http.stream("POST", "/v1/chat/completions", json=body) as again:
+                if again.status_code == 200:
+                    break
+                assert again.status_code == 429 and time.monotonic() < deadline
+            time.sleep(0.1)
+        release.set()
         done = http.post("/v1/chat/completions", json={**body, "stream": False})
         assert done.status_code == 200, done.text
         answer = done.json()
