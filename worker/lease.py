@@ -191,22 +191,19 @@ class Lease:
         """Record the outcome and return the status written (a success after a cancel request
         is written as cancelled); None when fenced (someone else owns the job now) or when the
         database is unreachable (the lease runs out and the reaper retries the job)."""
-        return self._write(status, lambda s: jobs.finish(s, self.job_id, self.attempt, status,
+        return self.write_outcome(status, lambda s: jobs.finish(s, self.job_id, self.attempt, status,
                                                          error=error).value)
 
     def write_outcome(self, what: str, write: Callable[[Session], str]) -> str | None:
-        """Write a job kind's own outcome (`write(session)` returns the status), fenced: None
-        when the job is no longer ours or the database is unreachable."""
-        return self._write(what, write)
-
-    def _write(self, what: str, write: Callable[[Session], str]) -> str | None:
+        """Write an outcome (`write(session)` returns the status written), fenced: None when the
+        job is no longer ours or the database is unreachable (the lease runs out and the reaper
+        retries the job)."""
         try:
             with self.session() as s:
                 return write(s)
         except Fenced:
             log.warning("job %s attempt %s fenced before recording %s", self.job_id, self.attempt, what)
-        except OperationalError:
-            # Nothing else to write it with: the lease runs out and the reaper retries the job.
+        except OperationalError:  # nothing else to write it with
             log.error("job %s attempt %s: database unreachable, could not record %s",
                       self.job_id, self.attempt, what)
         return None
@@ -217,7 +214,7 @@ class Lease:
         def write(s: Session) -> str:
             job_pause.pause_attempt(s, self.job_id, self.attempt)
             return "paused"
-        return self._write("paused", write)
+        return self.write_outcome("paused", write)
 
     def retry_or_fail(self, error: str, gpus: int, enqueue: Enqueue) -> str | None:
         """A machine fault: requeue (and enqueue on the job's queue) or fail past max_attempts;
@@ -226,7 +223,7 @@ class Lease:
             if jobs.retry_or_fail(s, self.job_id, self.attempt, error):
                 return "queued"
             return jobs.get_job_unscoped(s, self.job_id).status.value
-        status = self._write(f"a retry ({error})", write)
+        status = self.write_outcome(f"a retry ({error})", write)
         if status == "queued":
             try:
                 enqueue(self.job_id, gpus=gpus)
