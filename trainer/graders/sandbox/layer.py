@@ -300,7 +300,7 @@ def _detect() -> LayerStatus:
 
 
 def layer_status() -> LayerStatus:
-    """The layer this process uses and why no better one (probed once per process)."""
+    """The layer this process uses and why no better one (detected once per process)."""
     status = _detect()
     if status.layer in ("unsafe", "none"):  # the override is read fresh
         layer = "unsafe" if grader_settings().unsafe_graders else "none"

@@ -341,7 +341,7 @@ class SandboxPool:
         self.close()
 
 
-PROBE_SOURCE = "import decimal, json\ndef grade(sample, item):\n    return 1.0\n"
+SELF_TEST_SOURCE = "import decimal, json\ndef grade(sample, item):\n    return 1.0\n"
 
 
 def self_test(layer: str) -> str:
@@ -353,7 +353,7 @@ def self_test(layer: str) -> str:
     except (SandboxFault, OSError) as exc:
         return str(exc)
     try:
-        server.send({"id": "probe", "source": PROBE_SOURCE, "items": [[{}, {}]],
+        server.send({"id": "self-test", "source": SELF_TEST_SOURCE, "items": [[{}, {}]],
                      "timeout_s": limits.timeout_s})
         reply = server.recv(limits.timeout_s + 10)
     except SandboxFault as exc:
