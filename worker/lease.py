@@ -191,8 +191,9 @@ class Lease:
         """Record the outcome and return the status written (a success after a cancel request
         is written as cancelled); None when fenced (someone else owns the job now) or when the
         database is unreachable (the lease runs out and the reaper retries the job)."""
-        return self.write_outcome(status, lambda s: jobs.finish(s, self.job_id, self.attempt, status,
-                                                         error=error).value)
+        def write(s: Session) -> str:
+            return jobs.finish(s, self.job_id, self.attempt, status, error=error).value
+        return self.write_outcome(status, write)
 
     def write_outcome(self, what: str, write: Callable[[Session], str]) -> str | None:
         """Write an outcome (`write(session)` returns the status written), fenced: None when the
