@@ -149,3 +149,27 @@ def test_mismatch_metrics():
     assert stats["mismatch_kl"] == pytest.approx(float((r - 1 - r.log()).mean()), rel=1e-3)
     assert stats["is_ess"] == pytest.approx(float(r.sum() ** 2 / (len(r) * (r * r).sum())), rel=1e-3)
     assert stats["is_ess"] < 0.95
+
+
+@pytest.mark.parametrize("loss", ["gspo", "cispo", "dr_grpo"])
+def test_objective_with_a_lora_adapter(loss):
+    """With a LoRA adapter: the shared-prompt update gives the plain one's loss and gradient, and
+    only the adapter moves."""
+    from tests.trainer.test_lora import _kick, _lora, _small_batch
+    from trainer.models.lora import trainable_parameters
+
+    batch, base = _small_batch(), _lora()
+    _kick(base)
+    results = []
+    for shared in (False, True):
+        model = copy.deepcopy(base)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        cfg = UpdateConfig(kl_coef=0.0, grad_clip=None, shared_prefix=shared, loss=loss, max_new_tokens=120)
+        stats = ppo_update(model, torch.optim.SGD(trainable_parameters(model), lr=1.0), batch, None, None, cfg, 300)
+        moved = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+        assert moved and all("lora_" in n for n in moved)
+        results.append(stats)
+    plain, shared = results
+    assert plain["grad_norm"] > 0
+    assert shared["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
+    assert shared["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)

@@ -38,29 +38,32 @@ import json, sys, types
 import torch
 from trl.trainer.grpo_trainer import GRPOTrainer
 
-case = json.load(sys.stdin)
-logp = torch.tensor(case["logp"], requires_grad=True)
-t = GRPOTrainer.__new__(GRPOTrainer)
-acc = types.SimpleNamespace(num_processes=1, sync_gradients=True, gather=lambda x: x,
-                            gather_for_metrics=lambda x: x, reduce=lambda x, reduction="sum": x)
-t.__dict__.update(
-    loss_type=case["loss_type"], importance_sampling_level=case["importance_sampling_level"],
-    epsilon_low=case["epsilon_low"], epsilon_high=case["epsilon_high"], beta=0.0,
-    top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False,
-    max_completion_length=case["max_completion_length"], current_gradient_accumulation_steps=1,
-    _entropy_bonus_enabled=False, aux_loss_enabled=False, accelerator=acc,
-    args=types.SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
-    _metrics={"train": __import__("collections").defaultdict(list)},
-    model=types.SimpleNamespace(training=True))
-t._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
-mask = torch.tensor(case["mask"])
-inputs = {"prompt_ids": torch.zeros(len(mask), 1, dtype=torch.long), "prompt_mask": torch.ones(len(mask), 1),
-          "completion_ids": torch.zeros_like(mask, dtype=torch.long), "completion_mask": mask,
-          "advantages": torch.tensor(case["advantages"]), "old_per_token_logps": torch.tensor(case["old"]),
-          "num_items_in_batch": mask.sum()}
-loss = GRPOTrainer._compute_loss(t, None, inputs)
-loss.backward()
-print(json.dumps({"loss": loss.item(), "grad": (logp.grad * mask).tolist()}))
+
+def run(case):
+  logp = torch.tensor(case["logp"], requires_grad=True)
+  t = GRPOTrainer.__new__(GRPOTrainer)
+  acc = types.SimpleNamespace(num_processes=1, sync_gradients=True, gather=lambda x: x,
+                              gather_for_metrics=lambda x: x, reduce=lambda x, reduction="sum": x)
+  t.__dict__.update(
+      loss_type=case["loss_type"], importance_sampling_level=case["importance_sampling_level"],
+      epsilon_low=case["epsilon_low"], epsilon_high=case["epsilon_high"], beta=0.0,
+      top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False,
+      max_completion_length=case["max_completion_length"], current_gradient_accumulation_steps=1,
+      _entropy_bonus_enabled=False, aux_loss_enabled=False, accelerator=acc,
+      args=types.SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
+      _metrics={"train": __import__("collections").defaultdict(list)},
+      model=types.SimpleNamespace(training=True))
+  t._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
+  mask = torch.tensor(case["mask"])
+  inputs = {"prompt_ids": torch.zeros(len(mask), 1, dtype=torch.long), "prompt_mask": torch.ones(len(mask), 1),
+            "completion_ids": torch.zeros_like(mask, dtype=torch.long), "completion_mask": mask,
+            "advantages": torch.tensor(case["advantages"]), "old_per_token_logps": torch.tensor(case["old"]),
+            "num_items_in_batch": mask.sum()}
+  loss = GRPOTrainer._compute_loss(t, None, inputs)
+  loss.backward()
+  return {"loss": loss.item(), "grad": (logp.grad * mask).tolist()}
+
+print(json.dumps([run(c) for c in json.load(sys.stdin)]))
 """
 
 
@@ -98,19 +101,31 @@ def _batch():
     return logp, old, torch.tensor([0.7, -1.2, 1.5]), mask
 
 
-@pytest.mark.parametrize("name", sorted(OBJECTIVES))
-def test_same_loss_and_gradient_as_trl(name):
+CLIP_LOW, CLIP_HIGH = 0.2, 0.28
+
+
+@pytest.fixture(scope="module")
+def trl_results() -> dict[str, dict]:
+    """TRL's loss and gradient for every objective, from one subprocess (TRL imports slowly)."""
     python = _trl_python()
-    clip_low, clip_high = 0.2, 0.28
     logp, old, adv, mask = _batch()
-    case = {"logp": logp.tolist(), "old": old.tolist(), "advantages": adv.tolist(), "mask": mask.tolist(),
-            "max_completion_length": MAX_COMPLETION, "epsilon_low": clip_low,
-            # CISPO's cap is TRL's epsilon_high itself; ours is 1 + clip_high, as the paper's eps.
-            "epsilon_high": 1 + clip_high if name == "cispo" else clip_high, **TRL_ARGS[name]}
-    out = subprocess.run([str(python), "-c", TRL_SCRIPT], input=json.dumps(case), capture_output=True,
-                         text=True, timeout=300)
+    names = sorted(OBJECTIVES)
+    cases = [{"logp": logp.tolist(), "old": old.tolist(), "advantages": adv.tolist(), "mask": mask.tolist(),
+              "max_completion_length": MAX_COMPLETION, "epsilon_low": CLIP_LOW,
+              # CISPO's cap is TRL's epsilon_high itself; ours is 1 + clip_high, as the paper's eps.
+              "epsilon_high": 1 + CLIP_HIGH if name == "cispo" else CLIP_HIGH, **TRL_ARGS[name]}
+             for name in names]
+    out = subprocess.run([str(python), "-c", TRL_SCRIPT], input=json.dumps(cases), capture_output=True,
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    trl = json.loads(out.stdout.strip().splitlines()[-1])
+    return dict(zip(names, json.loads(out.stdout.strip().splitlines()[-1])))
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_same_loss_and_gradient_as_trl(name, trl_results):
+    clip_low, clip_high = CLIP_LOW, CLIP_HIGH
+    logp, old, adv, mask = _batch()
+    trl = trl_results[name]
 
     x = logp.clone().requires_grad_(True)
     obj = OBJECTIVES[name]
