@@ -231,14 +231,37 @@ async def _stream(shape: _Shape, pieces: AsyncIterator[dict[str, Any]], req: sam
         release()
 
 
-@router.post("/chat/completions")
+def _body_schema(chat: bool) -> dict[str, Any]:
+    """The request body for /docs (parsed by hand in sampling.py, so a 400 names the field)."""
+    number = {"type": "number"}
+    props: dict[str, Any] = {
+        "model": {"type": "string", "description": "a job id, `<job id>:<step>` or `ft:<job id>:step-<N>`"},
+        "max_tokens": {"type": "integer", "minimum": 1}, "temperature": {**number, "minimum": 0, "maximum": 2},
+        "top_p": {**number, "exclusiveMinimum": 0, "maximum": 1}, "n": {"type": "integer", "minimum": 1},
+        "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]},
+        "seed": {"type": "integer"}, "stream": {"type": "boolean"},
+        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    }
+    if chat:
+        props["max_completion_tokens"] = props["max_tokens"]
+        props["messages"] = {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role", "content"], "properties": {
+                "role": {"enum": ["system", "developer", "user", "assistant"]}, "content": {"type": "string"}}}}
+    else:
+        props["prompt"] = {"type": "string", "minLength": 1}
+    required = ["model", "messages" if chat else "prompt"]
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "required": required, "properties": props}}}}}
+
+
+@router.post("/chat/completions", openapi_extra=_body_schema(chat=True))
 async def chat_completions(request: Request, session: SessionDep, settings: SettingsDep,
                            tenant: TenantDep) -> Any:
     """Chat with a checkpoint of one of your jobs (OpenAI's chat completions)."""
     return await _complete(request, session, settings, tenant.id, await _json(request), chat=True)
 
 
-@router.post("/completions")
+@router.post("/completions", openapi_extra=_body_schema(chat=False))
 async def completions(request: Request, session: SessionDep, settings: SettingsDep,
                       tenant: TenantDep) -> Any:
     """Continue a prompt with a checkpoint of one of your jobs (OpenAI's legacy completions)."""
