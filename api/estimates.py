@@ -124,9 +124,25 @@ def _eval_samples_after(spec: dict[str, Any], total_steps: int, after_step: int,
     return count * eval_prompts * int(ev.get("samples_per_prompt") or 16)
 
 
+def _scheduled_samples(spec: dict[str, Any], steps: int) -> int:
+    """Samples the schedule asks for in its first `steps` steps."""
+    total = 0
+    for stage in _section(spec, "rollout").get("schedule") or []:
+        take = min(int(stage["steps"]), steps)
+        total += take * int(stage["n"]) * int(stage["prompts_per_step"])
+        steps -= take
+    return total
+
+
 def _past_job(s: Session, job: Job, totals: store_estimates.StepTotals) -> PastJob:
     spec = job.spec or {}
     budget = _budget(spec)
+    if totals.rows and totals.rows < job.total_steps and totals.scheduled_samples:
+        # Only its first rows were read: the rest at their pace (seconds per scheduled sample).
+        scale = _scheduled_samples(spec, job.total_steps) / totals.scheduled_samples
+        totals = store_estimates.StepTotals(
+            totals.rows, totals.scheduled_samples * scale, totals.samples * scale,
+            totals.step_s * scale, totals.gen_s * scale)
     rows = None
     dataset = _section(_section(spec, "task"), "dataset")
     if dataset.get("id"):

@@ -16,8 +16,10 @@ from sqlalchemy.orm import Session
 from store.job_queries import spec_gpus
 from store.tables import Job, JobKind, JobStatus, Metric
 
-# Finished jobs a measurement draws on (the newest), and a running job's steps its ETA uses.
+# Finished jobs a measurement draws on (the newest), the step rows read of each (its first
+# ones: a dry run must not read millions of rows), and a running job's steps its ETA uses.
 PAST_JOBS = 50
+STEPS_PER_PAST_JOB = 500
 RECENT_STEPS = 20
 
 
@@ -47,10 +49,12 @@ def _totals(rows: list[dict[str, Any]]) -> StepTotals:
         gen_s=sum(_num(v, "gen_s") for v in timed))
 
 
-def finished_jobs(s: Session, limit: int = PAST_JOBS) -> list[tuple[Job, StepTotals]]:
+def finished_jobs(s: Session, limit: int = PAST_JOBS,
+                  steps: int = STEPS_PER_PAST_JOB) -> list[tuple[Job, StepTotals]]:
     """The deployment's newest succeeded training jobs that ran in one attempt (a retried or
-    paused job's wall time includes time it did not run), each with its step totals. All
-    tenants: the figures describe this deployment's workers, and callers show only numbers."""
+    paused job's wall time includes time it did not run), each with the totals of its first
+    `steps` step rows. All tenants: the figures describe this deployment's workers, and
+    callers show only numbers."""
     query = (select(Job).where(Job.kind == JobKind.train, Job.status == JobStatus.succeeded,
                                Job.attempt == 1, Job.started_at.is_not(None),
                                Job.finished_at.is_not(None))
@@ -60,7 +64,7 @@ def finished_jobs(s: Session, limit: int = PAST_JOBS) -> list[tuple[Job, StepTot
         return []
     by_job: dict[str, list[dict[str, Any]]] = {j.id: [] for j in jobs}
     rows = s.execute(select(Metric.job_id, Metric.values)
-                     .where(Metric.job_id.in_(list(by_job)), Metric.step >= 1))
+                     .where(Metric.job_id.in_(list(by_job)), Metric.step >= 1, Metric.step <= steps))
     for job_id, values in rows:
         if isinstance(values, dict):
             by_job[job_id].append(values)

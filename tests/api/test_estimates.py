@@ -227,3 +227,21 @@ def test_progress_line_of_a_running_job():
            "total_steps": 5}
     assert progress_line(job) == "running: step 2/5, about 3 min 20 s left (ETA 2026-01-01T10:00:00Z)"
     assert progress_line({"queue": None, "eta_seconds": None}) is None
+
+
+def test_a_long_past_job_is_measured_from_its_first_rows(client, auth, database_url):
+    from api.estimates import _past_job
+    from store.estimates import finished_jobs
+
+    past = client.post("/v1/jobs", json=make_spec(rollout=ROLLOUT), headers=auth).json()["id"]
+    small = {"n": 4, "prompts": 2, "samples": 8, "step_s": 4.0, "gen_s": 1.0}
+    big = {"n": 8, "prompts": 1, "samples": 8, "step_s": 4.0, "gen_s": 1.0}
+    _finished_job(database_url, past, [small, small, small, big, big], wall_s=100)
+    with session_scope(database_url) as s:
+        (job, read), = finished_jobs(s, steps=2)
+        assert read.rows == 2 and read.step_s == 8.0
+        # 2 rows of 8 scheduled samples read; the schedule's 40 samples at that pace: 20 s.
+        measured = _past_job(s, job, read)
+        assert measured.step_s == 20.0 and measured.budget_tokens == 40 * 32
+        (job, full), = finished_jobs(s)
+        assert _past_job(s, job, full).step_s == 20.0
