@@ -27,6 +27,7 @@ from store.tables import JobStatus
 from trainer.spec import JobSpec
 
 from api.deps import EnqueueDep, SessionDep, SettingsDep, TenantDep
+from api import continuation
 from api.estimates import JobEstimate, estimate, progress_fields
 from api.schemas import JobPublic, JobSummary, ListPublic
 from api.submission import IdempotencyKey, check_job, job_or_404, resume_job, submit_job
@@ -48,6 +49,7 @@ def create_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, tenant
                                                "and enqueue nothing.")] = False) -> JobPublic:
     """Submit a training job; 201 with the queued job (dry_run=true: 200 with its estimate)."""
     if dry_run:
+        spec, _ = continuation.resolve(session, tenant.id, spec)  # as submit_job sees it
         over_quota, dataset = check_job(spec, session, settings, tenant.id, request)
         if over_quota is not None:  # a real submission of a new job would be refused
             raise over_quota

@@ -245,3 +245,20 @@ def test_a_long_past_job_is_measured_from_its_first_rows(client, auth, database_
         assert measured.step_s == 20.0 and measured.budget_tokens == 40 * 32
         (job, full), = finished_jobs(s)
         assert _past_job(s, job, full).step_s == 20.0
+
+
+def test_a_dry_run_of_a_continuation_estimates_the_resolved_spec(client, auth, other_auth, database_url,
+                                                                  tmp_path: Path, enqueued):
+    parent = client.post("/v1/jobs", json=make_spec(model={"path": "builtin:tiny", "lora": {"rank": 8}}),
+                         headers=auth).json()["id"]
+    with session_scope(database_url) as s:
+        claim = store_jobs.claim(s, parent, "w", lease_seconds=60)
+        (tmp_path / "ck").mkdir()
+        store_jobs.record_checkpoint(s, parent, claim.attempt, 2, str(tmp_path / "ck"), 1, "0" * 64)
+    body = make_spec(rollout=ROLLOUT, continue_from={"job": parent})
+    del body["model"]  # left out: the parent's (a LoRA adapter), as a real submission fills it in
+    resp = client.post("/v1/jobs?dry_run=true", json=body, headers=auth)
+    assert resp.status_code == 200, resp.text
+    assert "adapter_and_optimizer" in resp.json()["memory"]["bytes"]
+    assert_error(client.post("/v1/jobs?dry_run=true", json=body, headers=other_auth), 404)
+    assert enqueued == [parent]
