@@ -111,6 +111,38 @@ class Loaded:
     llm: Any = None     # vllm: the vllm.LLM
     lock: threading.Lock = field(default_factory=threading.Lock)  # one generation at a time
 
+    def with_tokenizer(self) -> "Loaded":
+        self.tokenizer = self.llm.get_tokenizer()
+        return self
+
+
+# One request's n choices and a little headroom: a chat server decodes few sequences at once.
+VLLM_MAX_SEQS = 8
+VLLM_MAX_LEN = 8192
+
+
+def _vllm(folder: Path) -> Any:
+    """A vLLM engine for one model, in this process (the trainer's engine does the same:
+    trainer.engines.vllm_engine sets VLLM_ENABLE_V1_MULTIPROCESSING=0 on import), its KV cache
+    sized by the trainer's rule for a few sequences of the model's length."""
+    import json
+
+    import torch
+    from trainer.engines.vllm_engine import kv_cache_bytes
+    from vllm import LLM
+
+    config = json.loads((folder / "config.json").read_text())
+    length = min(int(config.get("text_config", config).get("max_position_embeddings", 4096)), VLLM_MAX_LEN)
+    gpu = torch.cuda.is_available()
+    dtype = "bfloat16" if gpu else "float32"
+    set_threads = torch.set_num_threads  # vLLM-CPU swaps in a no-op for the whole process
+    try:
+        return LLM(model=str(folder), dtype=dtype, max_model_len=length, max_num_seqs=VLLM_MAX_SEQS,
+                   enforce_eager=not gpu, enable_prefix_caching=True, gpu_memory_utilization=0.3,
+                   kv_cache_memory_bytes=kv_cache_bytes(folder, dtype, length, VLLM_MAX_SEQS))
+    finally:
+        torch.set_num_threads = set_threads
+
 
 class ModelCache:
     """Loaded models, least recently used first out, bounded by count and by bytes."""
@@ -146,10 +178,7 @@ class ModelCache:
 
     def _load(self, folder: Path, need: int) -> Loaded:
         if self.backend == "vllm":
-            from vllm import LLM
-
-            llm = LLM(model=str(folder), gpu_memory_utilization=0.3, enable_prefix_caching=True)
-            return Loaded(folder, llm.get_tokenizer(), need, llm=llm)
+            return Loaded(folder, None, need, llm=_vllm(folder)).with_tokenizer()
         from trainer.models.loading import load_policy
 
         model, tokenizer = load_policy(folder, master_fp32=False)

