@@ -208,9 +208,15 @@ class _StopCutter:
         return out
 
 
+# HF sampling draws from torch's one global generator, so a seed holds only if no other HF
+# generation in the process draws meanwhile: HF generations take turns. (vLLM seeds each
+# request by itself; there a model's lock is enough.)
+_HF_TURN = threading.Lock()
+
+
 def generate(loaded: Loaded, prompt: str, sampling: Sampling) -> Iterator[Piece]:
     """The pieces of `sampling.n` choices, one choice after another, each as it is decoded."""
-    with loaded.lock:
+    with _HF_TURN if loaded.model is not None else loaded.lock:
         for index in range(sampling.n):
             seed = None if sampling.seed is None else (sampling.seed + index) % 2**63
             run = _hf_choice if loaded.model is not None else _vllm_choice
