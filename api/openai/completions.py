@@ -3,7 +3,8 @@
 `data: [DONE]`), proxied to a worker's inference server (worker/inference_server.py).
 
 `model` names a checkpoint: `<job id>` (its newest), `<job id>:<step>`, or the name the
-fine-tuning surface hands out, `ft:<job id>:step-<N>` (objects.CHECKPOINT_NAME). Another
+fine-tuning surface hands out, `ft:<job id>:step-<N>` (objects.CHECKPOINT_NAME); the answer's
+`model` is always the latter, so a client asking for a job's newest learns which step answered. Another
 tenant's job is as unknown as a made-up one: a 404 with OpenAI's `model_not_found`. Each
 tenant has at most `max_generations_per_tenant` generations running in this API process (a
 429 beyond), on top of the rate limits every /v1 request passes. This process imports no
@@ -33,7 +34,7 @@ from trainer.tasks.messages import MessagesError, parse_messages
 from api.deps import SessionDep, SettingsDep, TenantDep
 from api.openai import sampling
 from api.openai.errors import OpenAIError, OpenAIRoute, bad_request
-from api.openai.objects import CHECKPOINT_NAME
+from api.openai.objects import CHECKPOINT_NAME, checkpoint_name
 from api.quotas import StreamSlots
 
 router = APIRouter(tags=["openai: completions"], route_class=OpenAIRoute)
@@ -178,7 +179,7 @@ async def _complete(request: Request, session: Session, settings: Settings, tena
     except BaseException:
         release()
         raise
-    shape = _Shape(chat, req.model)
+    shape = _Shape(chat, checkpoint_name(ckpt.job_id, ckpt.step))  # which checkpoint answered
     if req.stream:
         body = _stream(shape, _pieces(client, answer), req, release)
         # A client gone before the first byte leaves the stream unstarted, and its `finally`

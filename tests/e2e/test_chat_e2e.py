@@ -76,7 +76,7 @@ def test_chat_by_job_id_answers_what_the_checkpoint_decodes(client, job) -> None
     job_id, folder = job
     answer = client.chat.completions.create(
         model=job_id, messages=[{"role": "user", "content": PROMPT}], max_tokens=12, temperature=0)
-    assert answer.object == "chat.completion" and answer.model == job_id
+    assert answer.object == "chat.completion" and answer.model == f"ft:{job_id}:step-3"
     choice = answer.choices[0]
     assert choice.message.role == "assistant"
     assert choice.message.content == _greedy(folder, PROMPT, 12)  # a lone user turn is its text
