@@ -81,6 +81,22 @@ def check_gpus(gpus: int, settings: Settings) -> None:
                           f"workers serve {served} (BRORL_GPU_COUNTS)")
 
 
+def check_nodes(nodes: int, gpus: int, settings: Settings) -> None:
+    """More than one node only where the deployment's Ray cluster serves that shape: a job it
+    cannot place would wait for ever."""
+    if nodes == 1:
+        return
+    if not settings.ray_address or settings.ray_max_nodes < 2:
+        raise field_error("resources.nodes", f"{nodes} nodes asked; this deployment runs each job on one node "
+                          "(multi-node jobs need BRORL_RAY_ADDRESS and BRORL_RAY_MAX_NODES)")
+    if nodes > settings.ray_max_nodes:
+        raise field_error("resources.nodes", f"{nodes} nodes asked; this deployment's Ray cluster serves "
+                          f"at most {settings.ray_max_nodes} (BRORL_RAY_MAX_NODES)")
+    if settings.ray_gpus_per_node and gpus > settings.ray_gpus_per_node:
+        raise field_error("resources.gpus_per_node", f"{gpus} GPUs per node asked; this deployment's Ray "
+                          f"nodes have {settings.ray_gpus_per_node} (BRORL_RAY_GPUS_PER_NODE)")
+
+
 def owned_dataset(session: Session, tenant_id: int, task: TaskSpec | None) -> Dataset | None:
     """The caller's dataset that `task` reads (None when it reads none); 422 when it is not theirs."""
     if task is None or task.dataset is None:
@@ -152,6 +168,7 @@ def check_job(spec: JobSpec, session: Session, settings: Settings, tenant_id: in
     check_model_path(spec.model.path, settings)
     request.app.state.task_check.check(spec)
     check_gpus(spec.resources.gpus_per_node, settings)
+    check_nodes(spec.resources.nodes, spec.resources.gpus_per_node, settings)
     over_quota = job_quota_error(session, settings, tenant_id)
     stored = owned_dataset(session, tenant_id, spec.task)
     check_reward(spec.task, stored, settings)

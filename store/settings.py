@@ -74,6 +74,13 @@ class Settings(BaseSettings):
     # Each count has its own queue (worker.celery_app.queue_for); `brorl up` serves them all.
     # NoDecode: the env value is the comma list itself, not JSON.
     gpu_counts: Annotated[tuple[int, ...], NoDecode] = (1,)
+    # Multi-node jobs (resources.nodes > 1) run their ranks on the Ray cluster at ray_address
+    # (trainer.distributed.ray_launcher; the workers read the same variable). The API accepts
+    # them only where it is set, up to ray_max_nodes nodes of at most ray_gpus_per_node GPUs
+    # (the cluster's node shape; 0: not checked); elsewhere they are a 422 naming these.
+    ray_address: str = ""
+    ray_max_nodes: int = Field(0, ge=0)
+    ray_gpus_per_node: int = Field(0, ge=0)
     # Memory of one worker device (GiB) that a job's estimate checks its spec against
     # (api/estimate_model.py); 0: unknown, the fit is not checked.
     worker_memory_gb: float = Field(0, ge=0)

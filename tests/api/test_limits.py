@@ -43,7 +43,7 @@ def test_oversized_json_body_is_413_before_parsing(client, auth):
     ({"checkpoint": {"every": 1, "keep_last": 10**40}}, "checkpoint.keep_last"),
     ({"limits": {"max_wall_seconds": 10**12}}, "limits.max_wall_seconds"),
     ({"resources": {"gpus_per_node": 1000}}, "resources.gpus_per_node"),
-    ({"resources": {"nodes": 2}}, "resources.nodes"),  # multi-node: designed, not yet run
+    ({"resources": {"nodes": 2}}, "resources.nodes"),  # multi-node: only with a Ray cluster (below)
     # Default BRORL_GPU_COUNTS=1: no worker serves 2 GPUs (test_gpu_counts_* below).
     ({"resources": {"gpus_per_node": 2}}, "resources.gpus_per_node"),
 ])
@@ -73,6 +73,24 @@ def test_gpu_counts_served_are_accepted_on_their_own_queue(settings, enqueued, a
     assert enqueued.queues == {two.json()["id"]: "gpu-2", one.json()["id"]: "gpu"}
     err = assert_error(four, 422, field="resources.gpus_per_node")
     assert "serve 1, 2 (BRORL_GPU_COUNTS)" in err["message"]
+
+
+def test_many_nodes_only_where_a_ray_cluster_serves_their_shape(settings, enqueued, auth):
+    two_nodes = make_spec(resources={"nodes": 2})
+    with TestClient(create_app(settings, enqueue=enqueued)) as client:
+        err = assert_error(client.post("/v1/jobs", json=two_nodes, headers=auth), 422, field="resources.nodes")
+    assert "BRORL_RAY_ADDRESS and BRORL_RAY_MAX_NODES" in err["message"]
+    served = settings.model_copy(update={"ray_address": "head:6379", "ray_max_nodes": 4,
+                                         "ray_gpus_per_node": 2, "gpu_counts": (1, 2, 4)})
+    with TestClient(create_app(served, enqueue=enqueued)) as client:
+        two = client.post("/v1/jobs", json=two_nodes, headers=auth)
+        five = client.post("/v1/jobs", json=make_spec(resources={"nodes": 5}), headers=auth)
+        wide = client.post("/v1/jobs", json=make_spec(resources={"nodes": 2, "gpus_per_node": 4}), headers=auth)
+    assert two.status_code == 201, two.text
+    assert enqueued.queues == {two.json()["id"]: "gpu"}  # its worker's queue: one per GPU count
+    assert "at most 4 (BRORL_RAY_MAX_NODES)" in assert_error(five, 422, field="resources.nodes")["message"]
+    err = assert_error(wide, 422, field="resources.gpus_per_node")
+    assert "Ray nodes have 2 (BRORL_RAY_GPUS_PER_NODE)" in err["message"]
 
 
 def test_job_list_leaves_the_spec_out(client, auth):
