@@ -20,6 +20,7 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from store.errors import Fenced  # noqa: E402
 from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task  # noqa: E402
 from trainer.distributed import launch, ray_launcher  # noqa: E402
 from trainer.distributed.protocol import ControlFolder  # noqa: E402
@@ -143,3 +144,84 @@ def test_two_nodes_train_like_two_local_ranks(ray_env, tmp_path):
     assert {"node-0.seen", "node-1.seen", "ray-node-0.log", "ray-node-1.log"} <= {p.name for p in control.path.iterdir()}
     launched = [d for t, d in sink.events if t == "progress" and d.get("phase") == "launch"]
     assert launched[-1]["finished"] and launched[-1]["message"] == "2 ranks started on 2 nodes"
+
+
+def test_a_job_too_big_waits_holding_nothing_while_a_small_one_runs(ray_env, tmp_path, monkeypatch):
+    monkeypatch.setattr(ray_launcher, "WAIT_EVENT_S", 0.0)  # an event at every poll
+    monkeypatch.setattr(ray_launcher, "FIRST_WAIT_EVENT_S", 0.0)
+    events: list[tuple[str, dict]] = []
+    waiting = []
+    for name in ("big", "bigger"):  # 3 nodes and 4 nodes, on a cluster of 2
+        control = ControlFolder.fresh(tmp_path / name)
+        ranks = ray_launcher.RayLauncher().start(control, spec(3 if name == "big" else 4),
+                                                 lambda t, d: events.append((t, d)))
+        assert ranks.poll() is None
+        waiting.append((control, ranks))
+    said = [d for t, d in events if t == "progress" and d["phase"] == "launch"]
+    assert [d["queue_position"] for d in said] == [1, 2] and all(d["total"] in (3, 4) for d in said)
+    assert said[0]["message"].startswith(f"waiting for 3 nodes with 1 {GPU} and 1.0 CPUs each, all at once")
+    assert ray.available_resources().get(GPU) == 2  # a pending group holds nothing
+
+    sink, result = _train(spec(1, steps=1), tmp_path / "small")  # one node: placed and run meanwhile
+    assert (result.steps_completed, result.stopped) == (1, False)
+    assert all(ranks.poll() is None for _, ranks in waiting)  # still waiting, still whole or nothing
+
+    for control, ranks in waiting:  # a cancel ends the wait: the group goes, nothing ran
+        control.request_stop()
+        assert ranks.poll() == 0
+        assert not list(control.path.glob("node-*.seen"))
+    assert "stopped while waiting for placement" in waiting[0][0].text("ray.log")
+
+
+def test_cancel_mid_step_stops_every_rank_at_a_step_boundary(ray_env, tmp_path):
+    sink, result = _train(spec(2), tmp_path, should_stop=lambda s: _last_step(s) >= 1)
+    assert result.stopped and 1 <= result.steps_completed < 4
+    assert [r["step"] for r in sink.steps] == list(range(result.steps_completed + 1))
+    assert result.last_checkpoint.name.endswith(str(result.steps_completed))  # saved at the boundary
+
+
+def test_a_fenced_attempt_kills_every_node_s_ranks_at_once(ray_env, tmp_path):
+    def fenced(sink):
+        if _last_step(sink) >= 1:
+            raise Fenced("job", 1)
+        return False
+
+    with pytest.raises(Fenced):
+        _train(spec(2), tmp_path, should_stop=fenced)
+    # (the fixture then checks that no rank, agent or group is left)
+
+
+def test_a_lost_node_is_a_machine_fault_and_the_retry_resumes_from_the_checkpoint(ray_env, tmp_path):
+    cluster, nodes = ray_env
+    sink = ListSink()
+    lost = []
+
+    def lose_a_node() -> bool:
+        if not lost and sink.checkpoints:  # after the first checkpoint: a Ray node goes away
+            cluster.remove_node(nodes[1], allow_graceful=False)
+            lost.append(time.monotonic())
+        return False
+
+    try:
+        with pytest.raises(launch.RankDied) as died:
+            launch.train_on_ranks(spec(2, steps=30), sink, lose_a_node, out_dir=tmp_path / "a",
+                                  launcher=ray_launcher.RayLauncher())
+        # The rank on the removed node is blamed by name (Ray picks which bundle lands where).
+        control = ControlFolder.of(tmp_path / "a")
+        gone = next(i for i in range(2) if nodes[1].node_id[:12] in control.text(f"node-{i}.seen"))
+        assert died.value.retryable and died.value.rank == gone
+        assert time.monotonic() - lost[0] < 60  # noticed quickly, not at a collective's timeout
+        ckpt_step, ckpt = sink.checkpoints[-1][:2]
+        assert f'"lost_nodes": [{gone}]' in control.text(ray_launcher.EXITS)
+
+        # The retry comes once Ray has seen the node die (before, it may still place a bundle there).
+        deadline = time.monotonic() + 120
+        while any(n["NodeID"] == nodes[1].node_id and n["Alive"] for n in ray.nodes()):
+            assert time.monotonic() < deadline, "Ray never saw the removed node die"
+            time.sleep(0.5)
+        # The retry, on the one node left (a smaller world), resumes from that checkpoint.
+        again, result = _train(spec(1, steps=ckpt_step + 1), tmp_path / "b", resume=ckpt)
+        assert [r["step"] for r in again.steps] == [ckpt_step + 1] and not result.stopped
+    finally:
+        nodes[1] = cluster.add_node(num_cpus=1, resources={GPU: 1})  # the next test's cluster is whole
+        cluster.wait_for_nodes()

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 GROUP_PREFIX = "brorl-"
 KILL_WAIT_S = 10.0
 AGENT_TIMEOUT_S = 30.0   # an agent that does not answer a poll for this long: its node is lost
+FIRST_WAIT_EVENT_S = 2.0  # a job placed within this says nothing of a wait
 WAIT_EVENT_S = 30.0      # how often a waiting job is told again what it waits for
 EXITS = "exits.json"
 # What the ranks take from the worker's environment (the node's own is kept otherwise): the
@@ -226,7 +227,7 @@ class RayRanks(Ranks):
                 raise PlacementTimeout(
                     f"{self.nodes} nodes of {self.bundle} were not free within {timeout:.0f} s "
                     "(BRORL_RAY_PLACEMENT_TIMEOUT_S); nothing was held")
-            if time.monotonic() - self.last_event >= WAIT_EVENT_S:
+            if waited >= FIRST_WAIT_EVENT_S and time.monotonic() - self.last_event >= WAIT_EVENT_S:
                 self._wait_event(waited)
             return None
         self._log(f"placed after {time.monotonic() - self.t0:.1f} s")
