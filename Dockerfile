@@ -43,7 +43,7 @@ EXPOSE 8000
 CMD ["uvicorn", "api.app:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000"]
 
 FROM base AS worker
-RUN pip install ".[gpu]" && pip uninstall -y brorl
+RUN pip install ".[gpu,ray]" && pip uninstall -y brorl
 COPY . .
 RUN pip install --no-deps . && python -m trainer.graders.corpora
 USER brorl

@@ -41,4 +41,10 @@ def test_compose_file_shape():
         assert "artifacts:/artifacts" in services[name]["volumes"]
     env = services["api"]["environment"]
     assert env["BRORL_DATABASE_URL"].startswith("postgresql+psycopg://")
+    # The Ray cluster of multi-node jobs: only in its profile; its nodes see the jobs' folders.
+    assert services["ray-head"]["profiles"] == services["ray-node"]["profiles"] == ["ray"]
+    assert "--head" in services["ray-head"]["command"] and "ray-head:6379" in " ".join(services["ray-node"]["command"])
+    assert "artifacts:/artifacts" in services["ray-node"]["volumes"]
+    assert services["ray-node"]["environment"]["BRORL_CACHE_DIR"].startswith("/artifacts/")
+    assert Settings(ray_max_nodes=0).ray_max_nodes == 0 and "BRORL_RAY_ADDRESS" in env
     assert env["BRORL_BROKER_URL"] == "redis://redis:6379/0"
