@@ -32,7 +32,7 @@ PAGE_HEADERS = {"Content-Security-Policy": CSP, "Referrer-Policy": "no-referrer"
 
 # url -> (page name: pages/<name>.html is its body, title, its scripts after the shared ones)
 PAGES = {"/": ("index", "Jobs", ("list.js",)),
-         "/jobs/{job_id}": ("job", "Job", ("samples.js", "job.js", "tryit.js")),
+         "/jobs/{job_id}": ("job", "Job", ("samples.js", "job.js", "tryit.js", "continue.js")),
          "/compare": ("compare", "Compare", ("compare.js",)), "/submit": ("submit", "Submit", ("submit.js", "playground.js")),
          "/probes/{probe_id}": ("probe", "Probe", ("probe.js",)),
          "/webhooks": ("webhooks", "Webhooks", ("webhooks.js",))}
