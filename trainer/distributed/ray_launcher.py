@@ -80,7 +80,14 @@ def connect(address: str) -> None:
     if not address:
         raise RuntimeError("BRORL_LAUNCHER=ray needs BRORL_RAY_ADDRESS (the Ray cluster's address, "
                            "e.g. ray://head:10001 or head:6379)")
-    ray.init(address=address, namespace="brorl", log_to_driver=False, logging_level=logging.WARNING)
+    # Celery's worker replaces sys.stdout/stderr with proxies that have no fileno(), which
+    # ray.init needs: it gets the process's real streams for the call.
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = sys.__stdout__ or sys.stdout, sys.__stderr__ or sys.stderr
+    try:
+        ray.init(address=address, namespace="brorl", log_to_driver=False, logging_level=logging.WARNING)
+    finally:
+        sys.stdout, sys.stderr = streams
 
 
 def _die_with_parent() -> None:
