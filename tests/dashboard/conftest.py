@@ -44,7 +44,7 @@ def jobs(stack: Stack) -> dict[str, str]:
         return {"a": c.submit(SPEC_A)["id"], "b": c.submit(SPEC_B)["id"]}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # per module: a module may start a stack of its own
 def login_url(stack: Stack) -> str:
     """The dashboard link `brorl up` printed (it carries the local key in the fragment)."""
     match = re.search(r"Dashboard \(logs this browser tab in\): (\S+)", stack.output())

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from cli.client import BrorlClient
+from tests.support.jobs import FAKE_ENTRYPOINT
 from tests.support.tinyprebuild import SHARED_SEED, shared_task
-from tests.support.upstack import Stack
+from tests.support.upstack import Stack, running_stack
 
 SHOTS = os.environ.get("BRORL_DASHBOARD_SCREENSHOTS")
 
@@ -49,3 +51,10 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
             return value
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
         time.sleep(interval)
+
+
+def fake_trainer_stack(tmp_path_factory, name: str, **env: str | None) -> Iterator[Stack]:
+    """A module's own `brorl up` with the test trainer (tests/support/fake_trainer.py) and `env`:
+    `yield from` it in a module-scoped `stack` fixture."""
+    with running_stack(tmp_path_factory.mktemp(name), {"BRORL_TRAINER_ENTRYPOINT": FAKE_ENTRYPOINT, **env}) as st:
+        yield st

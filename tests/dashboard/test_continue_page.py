@@ -11,25 +11,16 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
-from tests.dashboard.helpers import client, tiny_spec, wait_for
-from tests.support.jobs import FAKE_ENTRYPOINT
-from tests.support.upstack import Stack, running_stack
+from tests.dashboard.helpers import client, fake_trainer_stack, tiny_spec, wait_for
+from tests.support.upstack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("continue-dashboard"), {
-            "BRORL_TRAINER_ENTRYPOINT": FAKE_ENTRYPOINT}) as st:
-        yield st
+    yield from fake_trainer_stack(tmp_path_factory, "continue-dashboard")
 
-
-@pytest.fixture(scope="module")
-def login_url(stack: Stack) -> str:
-    match = re.search(r"Dashboard \(logs this browser tab in\): (\S+)", stack.output())
-    assert match, stack.output()
-    return match.group(1)
 
 
 def test_continue_broad_from_the_job_page(stack, page):

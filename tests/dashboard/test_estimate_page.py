@@ -4,15 +4,13 @@ a spec the API refuses shows the error at its field, and a queued job's page sho
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.dashboard.helpers import client, wait_for
-from tests.support.jobs import FAKE_ENTRYPOINT
-from tests.support.upstack import Stack, running_stack
+from tests.dashboard.helpers import client, fake_trainer_stack, wait_for
+from tests.support.upstack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -25,16 +23,8 @@ SPEC = {"name": "estimate-me", "model": {"path": "builtin:tiny"},
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("estimate-dashboard"), {
-            "BRORL_TRAINER_ENTRYPOINT": FAKE_ENTRYPOINT, "BRORL_WORKER_MEMORY_GB": "16"}) as st:
-        yield st
+    yield from fake_trainer_stack(tmp_path_factory, "estimate-dashboard", BRORL_WORKER_MEMORY_GB="16")
 
-
-@pytest.fixture(scope="module")
-def login_url(stack: Stack) -> str:
-    match = re.search(r"Dashboard \(logs this browser tab in\): (\S+)", stack.output())
-    assert match, stack.output()
-    return match.group(1)
 
 
 def test_estimate_button_shows_the_figures_and_submits_nothing(stack, page):

@@ -10,31 +10,21 @@ are the real ones.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.dashboard.helpers import client, shot, tiny_spec, wait_for
-from tests.support.jobs import FAKE_ENTRYPOINT
-from tests.support.upstack import Stack, running_stack
+from tests.dashboard.helpers import client, fake_trainer_stack, shot, tiny_spec, wait_for
+from tests.support.upstack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("phase-dashboard"), {
-            "BRORL_TRAINER_ENTRYPOINT": FAKE_ENTRYPOINT, "BRORL_HEARTBEAT_SECONDS": "1"}) as st:
-        yield st
+    yield from fake_trainer_stack(tmp_path_factory, "phase-dashboard", BRORL_HEARTBEAT_SECONDS="1")
 
-
-@pytest.fixture(scope="module")
-def login_url(stack: Stack) -> str:
-    match = re.search(r"Dashboard \(logs this browser tab in\): (\S+)", stack.output())
-    assert match, stack.output()
-    return match.group(1)
 
 
 def _value(line) -> int:

@@ -5,7 +5,6 @@ lists the probe; the submit page's "Probe first" queues a probe of the spec in t
 """
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 
@@ -38,12 +37,6 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
             "BRORL_HEARTBEAT_SECONDS": "1"}) as st:
         yield st
 
-
-@pytest.fixture(scope="module")
-def login_url(stack: Stack) -> str:
-    match = re.search(r"Dashboard \(logs this browser tab in\): (\S+)", stack.output())
-    assert match, stack.output()
-    return match.group(1)
 
 
 @pytest.fixture(scope="module")

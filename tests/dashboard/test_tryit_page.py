@@ -3,7 +3,6 @@ message, and the answer streams into the page through /v1/chat/completions; a jo
 checkpoint says so and cannot send."""
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import pytest
@@ -11,24 +10,17 @@ from playwright.sync_api import expect
 
 from cli.client import BrorlClient
 from tests.e2e.test_chat_e2e import PROMPT, _greedy, _trained
-from tests.support.jobs import FAKE_ENTRYPOINT, make_spec
-from tests.support.upstack import Stack, running_stack
+from tests.support.jobs import make_spec
+from tests.dashboard.helpers import fake_trainer_stack
+from tests.support.upstack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("tryit-dashboard"), {
-            "BRORL_TRAINER_ENTRYPOINT": FAKE_ENTRYPOINT, "OMP_NUM_THREADS": "1"}) as st:
-        yield st
+    yield from fake_trainer_stack(tmp_path_factory, "tryit-dashboard", OMP_NUM_THREADS="1")
 
-
-@pytest.fixture(scope="module")
-def login_url(stack: Stack) -> str:
-    match = re.search(r"Dashboard \(logs this browser tab in\): (\S+)", stack.output())
-    assert match, stack.output()
-    return match.group(1)
 
 
 def test_the_try_it_box_streams_a_checkpoints_answer(stack, page) -> None:

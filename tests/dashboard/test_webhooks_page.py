@@ -5,7 +5,6 @@ delete the endpoint."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 
 import pytest
@@ -13,26 +12,16 @@ from playwright.sync_api import expect
 from standardwebhooks import Webhook
 
 from tests.api.test_webhooks import Receiver
-from tests.dashboard.helpers import wait_for
-from tests.support.jobs import FAKE_ENTRYPOINT
-from tests.support.upstack import Stack, running_stack
+from tests.dashboard.helpers import fake_trainer_stack, wait_for
+from tests.support.upstack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("webhooks-dashboard"), {
-            "BRORL_TRAINER_ENTRYPOINT": FAKE_ENTRYPOINT,
-            "BRORL_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8"}) as st:
-        yield st
+    yield from fake_trainer_stack(tmp_path_factory, "webhooks-dashboard", BRORL_WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8")
 
-
-@pytest.fixture(scope="module")
-def login_url(stack: Stack) -> str:
-    match = re.search(r"Dashboard \(logs this browser tab in\): (\S+)", stack.output())
-    assert match, stack.output()
-    return match.group(1)
 
 
 def test_register_test_and_delete_an_endpoint(stack, page):
