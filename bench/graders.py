@@ -56,7 +56,7 @@ def main() -> None:
         why = layers._why_not(args.layer)
         if why:
             raise SystemExit(f"the {args.layer} layer does not work here: {why}")
-        layers._probe = lambda: layers.LayerStatus(args.layer)
+        layers._detect = lambda: layers.LayerStatus(args.layer)
     rows = [json.loads(line) for line in (REPO / "examples/data/code_problems.jsonl").open()]
     items = [rows[i % len(rows)] for i in range(args.programs)]
     programs = [f"```python\n{row['answer']}```" for row in items]
