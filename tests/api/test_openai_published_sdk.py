@@ -1,9 +1,9 @@
-"""OpenAI's published graders (tests/trainer/openai_published/), unchanged, through the
+"""OpenAI's published graders (tests/trainer/graders/openai_published/), unchanged, through the
 official `openai` SDK with only `base_url` and `api_key` changed:
 `client.fine_tuning.alpha.graders.validate` accepts every one (the judged ones once the
 operator maps OpenAI's model ids to a judge), and `...graders.run` scores each judge-free case
 as OpenAI's semantics give (python graders in the sandbox). The SDK parses every answer with
-its own types. The scoring itself is tested in tests/trainer/test_openai_published.py; this
+its own types. The scoring itself is tested in tests/trainer/graders/test_openai_published.py; this
 checks the routes a migrating script calls."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from trainer.graders import sandbox_layer, validate_grader
 from trainer.graders.schemas import needs_sandbox
 from tests.api.live import serve
-from tests.trainer.test_openai_published import FIXTURES, expected_reward, load, openai_judges
+from tests.trainer.graders.test_openai_published import FIXTURES, expected_reward, load, openai_judges
 
 pytestmark = pytest.mark.timeout(600)
 

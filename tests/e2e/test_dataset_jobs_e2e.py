@@ -71,7 +71,7 @@ def _short(spec: dict, model_dir: Path) -> dict:
     rollout = spec.setdefault("rollout", {})
     stages = rollout.get("schedule") or [{}]
     rollout["schedule"] = [{"n": 4, "prompts_per_step": 2, "steps": 1} for _ in stages]
-    # The hf engine: vLLM's own tests cover it (tests/trainer/test_train_vllm.py); its start
+    # The hf engine: vLLM's own tests cover it (tests/trainer/engines/test_train_vllm.py); its start
     # alone would be most of this test's time on a CPU.
     rollout["engine"] = "hf"
     rollout["max_new_tokens"] = min(rollout.get("max_new_tokens", 256), 32)

@@ -3,7 +3,7 @@ says which fields changed in a `warning` event; the same spec resumes silently; 
 checkpoint keeps the spec it was trained under, and the next one records the new spec."""
 import torch
 
-from tests.trainer.test_checkpoint import small_model
+from tests.trainer.checkpoints.test_checkpoint import small_model
 from trainer.checkpoints import io as checkpoint
 from trainer.loop import _check_resumed_spec
 from trainer.run import spec_sha256

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from tests.trainer.test_update_fast import _batch
+from tests.trainer.optim.test_update_fast import _batch
 from trainer.checkpoints.io import write_merged
 from trainer.models.lora import (AdapterReference, LoraTargetError, apply_lora, load_adapter,
                                  merged_state_dict, reference_model, trainable_parameters)

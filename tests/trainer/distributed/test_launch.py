@@ -149,7 +149,7 @@ def test_a_gloo_collective_broken_by_a_killed_peer_is_a_peer_failure(tmp_path):
     out = tmp_path / "seen.json"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                     str(tmp_path / "peer_dies.py"), str(out)], capture_output=True, timeout=120,
-                   cwd=Path(__file__).resolve().parents[2])
+                   cwd=Path(__file__).resolve().parents[3])
     seen = json.loads(out.read_text())
     assert seen["peer"] and not seen["own"], seen
 

@@ -101,7 +101,7 @@ def test_openais_published_judge_graders_run_unchanged(judge_url, monkeypatch):
     # The operator maps OpenAI's model ids onto its own judge (here the tiny vLLM server).
     from openai.types.fine_tuning.alpha.grader_run_response import GraderRunResponse
 
-    from tests.trainer.test_openai_published import FIXTURES, load, openai_judges
+    from tests.trainer.graders.test_openai_published import FIXTURES, load, openai_judges
 
     openai_judges(monkeypatch, judge_url)
     # OpenAI's examples ask up to 32768 tokens; the operator caps them below the context.

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.trainer.test_distributed import GROUPS, SPEC, _batch, _local_batch, _model, spawn
+from tests.trainer.distributed.test_distributed import GROUPS, SPEC, _batch, _local_batch, _model, spawn
 from trainer.algo.advantages import ADVANTAGES
 from trainer import collectives as distributed
 from trainer.models.lora import AdapterReference, adapter_state, apply_lora, load_adapter, trainable_parameters

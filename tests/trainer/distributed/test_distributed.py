@@ -198,7 +198,7 @@ def _collect_steps(run, p, steps=3) -> list[dict]:
 
 
 def _collect_rank(r: int, ws: int, port: int, out: str) -> None:
-    from tests.trainer.test_collect import _run as collect_run
+    from tests.trainer.rollouts.test_collect import _run as collect_run
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(ws))
     assert distributed.init_from_env()
@@ -220,7 +220,7 @@ def _collect_rank(r: int, ws: int, port: int, out: str) -> None:
 def test_two_ranks_collect_the_one_process_batch(tmp_path):
     """Dynamic sampling on 2 ranks: each generates half the prompts; the kept counts, the keep
     rate and the stream are global, so the ranks' batches joined are the one-process batch."""
-    from tests.trainer.test_collect import _run as collect_run
+    from tests.trainer.rollouts.test_collect import _run as collect_run
 
     spawn(_collect_rank, 2, str(tmp_path / "c.pt"))
     ranks = torch.load(tmp_path / "c.pt", weights_only=False)

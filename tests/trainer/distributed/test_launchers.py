@@ -16,7 +16,7 @@ from trainer.settings import trainer_settings
 from trainer.sink import ListSink
 from trainer.spec import JobSpec, ResourcesSpec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # Not builtin:tiny, so nothing is built before the start (prepare_tiny_model does nothing).
 SPEC = JobSpec.model_validate({"name": "t", "task": {"reasoning_gym": {"name": "chain_sum"}},
                                "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "resources": {"gpus_per_node": 2}})

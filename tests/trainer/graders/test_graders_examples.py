@@ -12,7 +12,7 @@ from trainer.graders import GraderRuntime, validate_grader
 from trainer.tasks.dataset_task import count_valid_rows
 from tests.support.services import bubblewrap_missing, needs_service
 
-ROOT = Path(__file__).resolve().parents[2] / "examples"
+ROOT = Path(__file__).resolve().parents[3] / "examples"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "graders").glob("*.json")), ids=lambda p: p.name)
@@ -44,8 +44,8 @@ def test_the_code_job_example_validates_with_its_grader():
     from trainer.spec import load_spec
     from trainer.graders.dataset_check import check_rows_for
 
-    spec = load_spec(Path(__file__).parents[2] / "examples" / "graders" / "code_spec.yaml")
+    spec = load_spec(Path(__file__).parents[3] / "examples" / "graders" / "code_spec.yaml")
     assert spec.task.grader["type"] == "code"
-    data = Path(__file__).parents[2] / "examples" / "data" / "code_problems.jsonl"
+    data = Path(__file__).parents[3] / "examples" / "data" / "code_problems.jsonl"
     with open(data, "rb") as fh:
         check_rows_for(fh, spec.task, 1 << 20)  # every row has the `tests` the grader reads

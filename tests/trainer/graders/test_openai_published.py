@@ -1,4 +1,4 @@
-"""OpenAI's published graders, unchanged (tests/trainer/openai_published/*.json, each with its
+"""OpenAI's published graders, unchanged (tests/trainer/graders/openai_published/*.json, each with its
 source page in the `.source.json` beside it: the graders guide, API reference, RFT guide, RFT
 use-case page and the RFT cookbook notebook): every one validates here as it is, and the ones
 that need no judge run with the scores OpenAI's semantics give, their responses checked with

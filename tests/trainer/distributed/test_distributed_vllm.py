@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tests.trainer.test_distributed import spawn
+from tests.trainer.distributed.test_distributed import spawn
 from trainer import collectives as distributed
 from tests.support.services import require_module
 
@@ -124,7 +124,7 @@ def test_vllm_engine_on_two_ranks_through_a_whole_step(tmp_path):
     and the sync after the step are verified (a failure raises WeightSyncError on a rank)."""
     require_module("vllm")
     from tests.support.tinyprebuild import prebuild
-    from tests.trainer.test_distributed_loop import SPEC
+    from tests.trainer.distributed.test_distributed_loop import SPEC
     from trainer import train
     from trainer.sink import ListSink
     from trainer.spec import JobSpec

@@ -8,7 +8,7 @@ import torch
 
 from trainer.algo.objectives import OBJECTIVES, Totals
 from trainer.optim.update import UpdateConfig, _chunks, ppo_update, sequence_logprobs
-from tests.trainer.test_update_packed import _batch, _model
+from tests.trainer.optim.test_update_packed import _batch, _model
 
 CLIP_LOW, CLIP_HIGH = 0.2, 0.27
 SMALL = ((8, 9), (4, 17), (1, 30))  # groups of (n, prompt length): a few micro-batches at 400 tokens
@@ -155,7 +155,7 @@ def test_mismatch_metrics():
 def test_objective_with_a_lora_adapter(loss):
     """With a LoRA adapter: the shared-prompt update gives the plain one's loss and gradient, and
     only the adapter moves."""
-    from tests.trainer.test_lora import _kick, _lora, _small_batch
+    from tests.trainer.models.test_lora import _kick, _lora, _small_batch
     from trainer.models.lora import trainable_parameters
 
     batch, base = _small_batch(), _lora()

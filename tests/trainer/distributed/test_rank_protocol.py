@@ -11,7 +11,7 @@ from trainer.result import TrainResult
 from trainer.sink import ListSink, NullSink
 from trainer.spec import JobSpec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPEC = {"name": "t", "task": {"reasoning_gym": {"name": "chain_sum"}}, "resources": {"gpus_per_node": 2},
         "algo": {"kl_coef": 0.25}}
 
