@@ -4,7 +4,7 @@ Started by torchrun (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT in the envir
 gloo on a CPU, nccl on CUDA. Every helper here is the identity in a single process, so the
 one-process path runs the same code.
 
-What makes N ranks equal one process on the same batch (tests/trainer/test_distributed.py):
+What makes N ranks equal one process on the same batch (tests/trainer/distributed/test_distributed.py):
 - each rank holds whole groups (group-mean advantages stay local and exact);
 - whatever spans the batch is a SUM all-reduced over ranks: advantage whitening's moments,
   each mini-batch's valid-token count (the loss denominator), the statistics;

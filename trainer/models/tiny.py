@@ -90,7 +90,7 @@ def build_tokenizer():
     rebuilds a byte-level BPE from the saved vocabulary, so a plain character vocabulary loses
     its spaces and newlines on reload. The vocabulary is therefore stored in byte-level form
     (' ' as 'Ġ', newline as 'Ċ') with no merges: one token per character both as built here
-    and as AutoTokenizer / vLLM load it back (tests/trainer/test_tiny_model.py checks this).
+    and as AutoTokenizer / vLLM load it back (tests/trainer/models/test_tiny_model.py checks this).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

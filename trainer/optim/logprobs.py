@@ -12,7 +12,7 @@ size stays under `LOGIT_CHUNK_BYTES`.
 `token_logp` is an autograd Function whose backward recomputes each slice's softmax from the
 saved logits and its log-sum-exp (a [b, R] tensor) instead of keeping the slices alive, and
 writes the slice's gradient straight into the logits' gradient. Same values and gradients as
-`log_softmax(logits[pos] / T)[target]` up to float rounding (tests/trainer/test_logprobs.py).
+`log_softmax(logits[pos] / T)[target]` up to float rounding (tests/trainer/optim/test_logprobs.py).
 
 Logits come as segments `(x [b, K, D], pos [b, r] | None, head)`: `pos` picks, for each
 sample, the r positions of its dim 1 that predict its response tokens (None: all K, in

@@ -26,7 +26,7 @@ Choices the paper leaves open, made here (all are `SimConfig` fields and CLI fla
 
 The gradient is computed analytically from token counts (torch.bincount), not by autograd over
 an N-long loss graph: for L = sum_k g_k p_k with p = softmax(z), dL/dz = p * (g - <g, p>), where
-g_k = -(c_k / N)(R_k - b) and c_k is how often token k was drawn. tests/trainer/test_simulate.py
+g_k = -(c_k / N)(R_k - b) and c_k is how often token k was drawn. tests/trainer/sim/test_simulate.py
 checks it against autograd; `grad="autograd"` runs the simulation with autograd instead.
 
 Theorem 1 is checked along the way: at `theorem_steps`, the sampled batch's exact first-order
