@@ -60,11 +60,11 @@ def cluster():
 
 
 @pytest.fixture()
-def ray_env(cluster, monkeypatch):
+def ray_env(cluster, monkeypatch, tmp_path):
     monkeypatch.setenv("BRORL_RAY_GPU_RESOURCE", GPU)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     yield cluster
-    _assert_nothing_left()
+    _assert_nothing_left(tmp_path)
 
 
 def _agents_alive() -> list[int]:
@@ -79,19 +79,20 @@ def _agents_alive() -> list[int]:
     return pids
 
 
-def _ranks_alive() -> list[int]:
-    """Rank processes of any job (every simulated node is this machine)."""
+def _ranks_alive(under: Path) -> list[int]:
+    """Rank processes of the test's jobs, on any simulated node (all are this machine)."""
     pids = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"trainer.distributed.rank_main" in (entry / "cmdline").read_bytes():
+            cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+            if b"trainer.distributed.rank_main\0" + str(under).encode() in cmdline:
                 pids.append(int(entry.name))
         except OSError:
             continue
     return pids
 
 
-def _assert_nothing_left(timeout: float = 30.0) -> None:
+def _assert_nothing_left(under: Path, timeout: float = 30.0) -> None:
     """No rank, no agent, no placement group of ours, every resource free again (a killed actor's
     process and a removed group take a moment to go)."""
     deadline = time.monotonic() + timeout
@@ -99,7 +100,7 @@ def _assert_nothing_left(timeout: float = 30.0) -> None:
         groups = [v for v in ray.util.placement_group_table().values()
                   if v["name"].startswith(ray_launcher.GROUP_PREFIX) and v["state"] != "REMOVED"]
         free = ray.available_resources().get(GPU, 0) == ray.cluster_resources().get(GPU, 0)
-        left = (_ranks_alive(), _agents_alive(), groups, free)
+        left = (_ranks_alive(under), _agents_alive(), groups, free)
         if left[:3] == ([], [], []) and free:
             return
         if time.monotonic() > deadline:
