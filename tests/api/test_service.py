@@ -37,7 +37,7 @@ def test_readyz_says_why_tenant_code_cannot_run_here(client, monkeypatch):
     from trainer.graders.sandbox import layer
 
     why = "bubblewrap: not installed; landlock: the kernel has no Landlock"
-    monkeypatch.setattr(layer, "_probe", lambda: layer.LayerStatus("none", why))
+    monkeypatch.setattr(layer, "_detect", lambda: layer.LayerStatus("none", why))
     monkeypatch.delenv(layer.UNSAFE_ENV, raising=False)
     body = client.get("/readyz").json()
     assert body["sandbox"] == "none" and body["sandbox_reason"] == why
