@@ -270,6 +270,7 @@ def _wide_run(policy):
     run.__dict__.update(stream=PromptStream(range(len(train)), 0, 0), engine=_WideEngine(), tokenizer=tok,
                         task=SimpleNamespace(train=train), scorer=scorer,
                         train_ids=[[e % 50 + 3, 7] for e in train], keep_rate_running=1.0, keep_rounds_seen=0,
+                        difficulty=None,
                         micro_batch_tokens=4096)
     return run, plan(spec)[0]
 

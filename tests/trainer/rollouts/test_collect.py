@@ -48,7 +48,7 @@ def _run(keep, prompts=10, refills=3, max_oversample=4.0):
     run = SimpleNamespace(spec=spec, stream=PromptStream(range(len(train)), 0, 0),
                           engine=FakeEngine(), tokenizer=tok, task=SimpleNamespace(train=train),
                           scorer=FakeScorer(keep), train_ids=[[1, 2]] * len(train),
-                          keep_rate_running=1.0, keep_rounds_seen=0)
+                          keep_rate_running=1.0, keep_rounds_seen=0, difficulty=None)
     return run, plan(spec)[0]
 
 
