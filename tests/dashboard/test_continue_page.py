@@ -11,7 +11,7 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
-from tests.dashboard.helpers import client, fake_trainer_stack, tiny_spec, wait_for
+from tests.dashboard.helpers import client, fake_trainer_stack, shot, tiny_spec, wait_for
 from tests.support.upstack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -29,9 +29,11 @@ def test_continue_broad_from_the_job_page(stack, page):
         wait_for(lambda: c.get_job(parent["id"])["status"] == "succeeded", 60, "the parent to finish")
     page.goto(f"{stack.url}/jobs/{parent['id']}")
     expect(page.locator("#continue-row")).to_be_visible(timeout=30_000)
+    shot(page, "job-continue.png")
     page.click("#continue-broad")
     page.wait_for_url(f"{stack.url}/submit")
     spec = yaml.safe_load(page.locator("#spec-text").input_value())
+    shot(page, "submit-continuation.png")
     assert spec["continue_from"]["job"] == parent["id"] and "model" not in spec
     assert spec["rollout"]["schedule"] == [{"n": 16, "prompts_per_step": 2, "steps": 3}]
     page.click("#submit")
@@ -44,5 +46,6 @@ def test_continue_broad_from_the_job_page(stack, page):
         assert c.get_job(child_id)["parent_job_id"] == parent["id"]
     page.goto(f"{stack.url}/jobs/{parent['id']}")
     expect(page.locator("#job-lineage")).to_contain_text(f"continued by {child_id}", timeout=30_000)
+    shot(page, "job-continued-by.png")
     page.click(f"#job-lineage a[href='/jobs/{child_id}']")
     page.wait_for_url(f"{stack.url}/jobs/{child_id}")

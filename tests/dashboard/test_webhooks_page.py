@@ -12,7 +12,7 @@ from playwright.sync_api import expect
 from standardwebhooks import Webhook
 
 from tests.api.test_webhooks import Receiver
-from tests.dashboard.helpers import fake_trainer_stack, wait_for
+from tests.dashboard.helpers import fake_trainer_stack, shot, wait_for
 from tests.support.upstack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -42,6 +42,9 @@ def test_register_test_and_delete_an_endpoint(stack, page):
         expect(row).to_contain_text("job.succeeded")
         row.get_by_role("button", name="test").click()
         expect(page.locator("#wh-deliveries tbody tr")).to_contain_text("delivered", timeout=30_000)
+        pill = page.locator("#wh-deliveries .pill")  # white text: it needs its status colour
+        assert pill.evaluate("e => getComputedStyle(e).backgroundColor") not in ("", "rgba(0, 0, 0, 0)")
+        shot(page, "webhooks.png", full_page=True)
         wait_for(lambda: receiver.requests, 10, "the test delivery to arrive")
         (req,) = receiver.requests
         assert Webhook(secret).verify(req["body"], req["headers"])["type"] == "webhook.test"
