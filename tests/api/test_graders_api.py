@@ -122,7 +122,7 @@ def test_openai_published_graders_validate_unchanged_over_http(graders_client, a
 
     from openai.types.fine_tuning.alpha.grader_run_response import GraderRunResponse
 
-    folder = Path(__file__).parents[1] / "trainer" / "openai_published"
+    folder = Path(__file__).parents[1] / "trainer" / "graders" / "openai_published"
     monkeypatch.setenv("BRORL_JUDGES", '{"judge": {"base_url": "http://127.0.0.1:9/v1"}}')
     monkeypatch.setenv("BRORL_JUDGE_ALIASES", '{"gpt-4o-2024-08-06": "judge"}')
     label = json.loads((folder / "api_label_model.json").read_text())  # input_text parts
