@@ -185,7 +185,7 @@ def test_multi_and_run_response_shape():
     assert response["sub_rewards"] == {"exact": 1.0, "py": 0.5}
     meta = response["metadata"]
     assert (meta["name"], meta["type"]) == ("m", "multi") and meta["execution_time"] > 0
-    # Every flag openai-python declares, and nothing else (tests/trainer/test_openai_shapes.py
+    # Every flag openai-python declares, and nothing else (tests/trainer/graders/test_graders_openai_shapes.py
     # validates whole responses with the SDK's own type).
     from openai.types.fine_tuning.alpha.grader_run_response import MetadataErrors
     assert set(meta["errors"]) == {f.alias or n for n, f in MetadataErrors.model_fields.items()}
