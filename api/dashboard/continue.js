@@ -9,8 +9,11 @@
   const link = (id) => el("a", { href: `/jobs/${id}`, text: id });
 
   async function lineage() {
-    const [job, kids, ckpts] = await Promise.all([getJSON(`/v1/jobs/${jobId}`),
-      getJSON(`/v1/jobs/${jobId}/continuations`), getJSON(`/v1/jobs/${jobId}/checkpoints`)]);
+    let job, kids, ckpts;
+    try {
+      [job, kids, ckpts] = await Promise.all([getJSON(`/v1/jobs/${jobId}`),
+        getJSON(`/v1/jobs/${jobId}/continuations`), getJSON(`/v1/jobs/${jobId}/checkpoints`)]);
+    } catch (_) { return; }  // a page being left aborts these; the job page shows the job's own errors
     const parts = [];
     if (job.parent_job_id) {
       parts.push("continued from ", link(job.parent_job_id), ` (step ${job.spec.continue_from.step})`);
