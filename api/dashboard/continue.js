@@ -42,7 +42,9 @@
   Brorl.requireKey(() => {
     $("continue-narrow").addEventListener("click", () => openContinuation(false));
     $("continue-broad").addEventListener("click", () => openContinuation(true));
-    lineage();
-    setInterval(lineage, 10000); // a first checkpoint, or a new continuation, shows up
+    // After the page's own first burst of requests (the per-key rate limit counts them all),
+    // then every 10 s: a first checkpoint, or a new continuation, shows up.
+    setTimeout(lineage, 2000);
+    setInterval(lineage, 10000);
   });
 })();
