@@ -289,8 +289,9 @@
         redraw();
       },
       progress: (event) => { phase = event; renderPhase(); },
-      status: async () => { await refreshJob(); refreshSide(); },
-      end: async () => { await refreshJob(); refreshSide(); },
+      // A refused read (a 429 under the per-key rate limit) waits for the next poll.
+      status: async () => { try { await refreshJob(); } catch (_) { /* next poll */ } refreshSide(); },
+      end: async () => { try { await refreshJob(); } catch (_) { /* next poll */ } refreshSide(); },
     });
   }
 
