@@ -185,4 +185,4 @@ class DbSink:
             ckpt_format.remove(Path(path))  # fenced, disk full...: never a file without a row
             raise
         for uri in gone:
-            ckpt_format.remove(Path(uri.removeprefix("file://")))
+            ckpt_format.remove(Path(uri))

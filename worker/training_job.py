@@ -105,7 +105,7 @@ def _resume_dir(lease: Lease) -> Path | None:
         uri = getattr(ckpt, "uri", None) if ckpt is not None else None
     if not uri:
         return None
-    path = Path(uri.removeprefix("file://"))
+    path = Path(uri)  # a checkpoint's uri is its folder
     return path if path.exists() else None
 
 
