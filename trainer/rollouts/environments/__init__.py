@@ -1,0 +1,1 @@
+"""Multi-turn environments: the episodes a trajectory talks to (base.py), three ways in."""
