@@ -266,6 +266,10 @@ class JobSample(Base):
     truncated: Mapped[bool] = mapped_column(Boolean)
     advantage: Mapped[float] = mapped_column(Float)
     sub_rewards: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    # A multi-turn sample (`task.env`): the transcript as chat messages, and the episode's
+    # counts {"turns", "tool_calls", "tool_errors"}. Null for single-turn samples.
+    messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType, nullable=True)
+    env: Mapped[dict[str, int] | None] = mapped_column(JSONType, nullable=True)
     bytes: Mapped[int] = mapped_column(Integer)        # counted against the job's storage cap
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
