@@ -148,7 +148,47 @@ class SamplePublic(_Public):
     truncated: bool = Field(description="Cut at rollout.max_new_tokens before it finished.")
     advantage: float
     sub_rewards: dict[str, float] = Field(default_factory=dict)
+    messages: list[SampleMessage] | None = Field(
+        None, description="A multi-turn sample's transcript (`task.env`), turn by turn: the opening "
+        "messages, the model's turns with their tool calls, the tool results and other environment "
+        "messages; each text cut to samples.max_chars. Null for single-turn samples.")
+    turns: int | None = Field(None, description="Model turns in the episode (null: single-turn).")
+    tool_calls: int | None = Field(None, description="Tool calls the model made in the episode.")
+    tool_errors: int | None = Field(None, description="Of which failed: malformed, unknown tool, "
+                                    "raised, timed out.")
+    messages_dropped: int | None = Field(None, description="Messages at the transcript's end not "
+                                         "stored (over 200,000 characters or 512 messages).")
     created_at: datetime
+
+    @classmethod
+    def of(cls, row: Any) -> SamplePublic:
+        """From a stored sample row: the episode's counts come out of its `env` column."""
+        env = row.env or {}
+        fields = {name: getattr(row, name) for name in cls.model_fields if hasattr(row, name)}
+        fields.update({k: env.get(k) for k in ("turns", "tool_calls", "tool_errors", "messages_dropped")})
+        return cls.model_validate(fields)
+
+
+class SampleToolFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as the model wrote them (a JSON string).")
+
+
+class SampleToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: SampleToolFunction
+
+
+class SampleMessage(BaseModel):
+    """One chat message of a stored transcript (OpenAI's shape)."""
+
+    role: str = Field(description="system, user, assistant, tool (or an environment's own role).")
+    content: str
+    tool_calls: list[SampleToolCall] | None = Field(None, description="An assistant turn's tool calls.")
+    tool_call_id: str | None = Field(None, description="A tool result: the call it answers.")
+    name: str | None = Field(None, description="A tool result: the tool's name.")
+    error: bool | None = Field(None, description="A tool result that reports a failed call.")
 
 
 class CheckpointPublic(_Public):

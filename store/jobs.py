@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from store import webhooks
+from store import sample_rows, webhooks
 from store.errors import Fenced, IdempotencyConflict, InvalidTransition, NotFound
 from store.job_queries import (  # re-exported: store.jobs is the one entry point
     count_active_jobs,
@@ -325,29 +325,23 @@ def record_result(s: Session, job_id: str, attempt: int, result: dict[str, Any])
     _fenced_update(s, job_id, attempt, result=result)
 
 
-def _clean(text: str) -> str:
-    """PostgreSQL text cannot hold NUL; a model may well write one."""
-    return text.replace("\x00", "\ufffd")
-
-
 def record_samples(s: Session, job_id: str, attempt: int, step: int, rows: list[dict[str, Any]],
                    max_job_bytes: int) -> int:
     """Store a step's samples (replacing a re-run step's), fenced, within the job's byte cap;
-    returns how many were stored (fewer, or none, once the cap is reached)."""
+    returns how many were stored (fewer, or none, once the cap is reached). A multi-turn
+    sample's transcript counts against the cap too (`store.sample_rows`)."""
     _fenced_update(s, job_id, attempt)
     s.execute(delete(JobSample).where(JobSample.job_id == job_id, JobSample.step == step))
     used = s.scalar(select(func.coalesce(func.sum(JobSample.bytes), 0)).where(JobSample.job_id == job_id))
     stored = 0
     for idx, row in enumerate(rows):
-        prompt, completion = _clean(row["prompt"]), _clean(row["completion"])
-        nbytes = len(prompt.encode()) + len(completion.encode())
-        if used + nbytes > max_job_bytes:
+        fields = sample_rows.stored_fields(row)
+        if used + fields["bytes"] > max_job_bytes:
             break
-        used += nbytes
-        s.add(JobSample(job_id=job_id, step=step, idx=idx, prompt=prompt, completion=completion,
-                        reward=row["reward"], correct=row["correct"], truncated=row["truncated"],
-                        advantage=row["advantage"], sub_rewards=row.get("sub_rewards") or {},
-                        bytes=nbytes, created_at=utcnow()))
+        used += fields["bytes"]
+        s.add(JobSample(job_id=job_id, step=step, idx=idx, reward=row["reward"], correct=row["correct"],
+                        truncated=row["truncated"], advantage=row["advantage"],
+                        sub_rewards=row.get("sub_rewards") or {}, created_at=utcnow(), **fields))
         stored += 1
     return stored
 

@@ -1,4 +1,5 @@
-"""A job's stored rollouts (`samples.per_step` of each step): what the model actually wrote.
+"""A job's stored rollouts (`samples.per_step` of each step): what the model actually wrote,
+and for a multi-turn job (`task.env`) the whole episode turn by turn, with its counts.
 
 This is how users catch reward hacking: a rising reward whose completions read wrong.
 Tenant-scoped like every job route (another tenant's job is a 404), paged by a keyset cursor.
@@ -37,5 +38,5 @@ def list_samples(
     job_or_404(session, tenant.id, job_id)
     rows = jobs.list_samples(session, tenant.id, job_id, step=step, min_reward=min_reward,
                              max_reward=max_reward, after=after, limit=limit + 1)
-    return ListPublic[SamplePublic](data=[SamplePublic.model_validate(r) for r in rows[:limit]],
+    return ListPublic[SamplePublic](data=[SamplePublic.of(r) for r in rows[:limit]],
                                     has_more=len(rows) > limit)
