@@ -58,6 +58,24 @@
     { id: "subrewards", title: "Sub-rewards (mean per step)", subRewards: true, series: [] },
   ];
   const subKeys = [];
+  // A multi-turn job (`task.env`) charts its episodes: turns, tool calls and failed tool calls
+  // per episode, the share cut by the token budget, the environment's seconds and the episodes
+  // the environment itself broke. Shown when the spec has `task.env` or a metric row carries
+  // these names.
+  const ENV_GROUPS = [
+    { id: "env", title: "Agent episodes (mean per episode)", y2label: "fraction", series: [
+      { label: "turns", get: v("env/turns_mean") },
+      { label: "tool calls", get: v("env/tool_calls_mean") },
+      { label: "tool errors", get: v("env/tool_errors_mean"), color: "#D55E00" },
+      { label: "cut by token budget", get: v("env/budget_truncated_frac"), axis: "y2", dash: [4, 4] }] },
+    { id: "envtime", title: "Environment time and broken episodes", y2label: "episodes", series: [
+      { label: "environment seconds", get: v("time/env_s") },
+      { label: "generate seconds", get: v("gen_s") },
+      { label: "environment errors", get: v("env/errors"), axis: "y2", color: "#D55E00", step: true }] },
+  ];
+  const ENV_KEYS = ["env/turns_mean", "env/tool_calls_mean", "env/tool_errors_mean",
+                    "env/budget_truncated_frac", "time/env_s"];
+  let envCharts = false;
 
   let job = null;
   const rows = [];
@@ -72,8 +90,16 @@
 
   function groups() {
     const grader = job.spec.task && job.spec.task.grader;
-    if (!grader) return GROUPS;
-    return GROUPS.concat(grader.type === "multi" ? GRADER_GROUPS : GRADER_GROUPS.slice(0, 1));
+    const env = envCharts || Boolean(job.spec.task && job.spec.task.env) ? ENV_GROUPS : [];
+    if (!grader) return GROUPS.concat(env);
+    return GROUPS.concat(grader.type === "multi" ? GRADER_GROUPS : GRADER_GROUPS.slice(0, 1), env);
+  }
+
+  // True when the row is the first to carry an episode metric (the charts are then rebuilt).
+  function newEnvMetrics(values) {
+    if (envCharts || (job.spec.task && job.spec.task.env)) return false;
+    envCharts = ENV_KEYS.some((k) => k in values);
+    return envCharts;
   }
 
   function buildCharts() {
@@ -283,7 +309,8 @@
     await Brorl.followMetrics(jobId, null, {
       metric: (row) => {
         rows.push(row);
-        if (newSubRewards(row.values)) buildCharts();
+        const fresh = newSubRewards(row.values);
+        if (newEnvMetrics(row.values) || fresh) buildCharts();
         addSampleStep(row.step);
         if (job && row.step > job.step) { job.step = row.step; renderJob(); }
         redraw();
