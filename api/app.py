@@ -33,8 +33,8 @@ from api.quotas import StreamSlots
 from api.prometheus import ApiMetrics, JobsByStatusCollector, PrometheusMiddleware
 from api.ratelimit import RateLimitMiddleware
 from api.task_check import TaskCheck
-from api.routes import (checkpoints, continuations, datasets, events_metrics, graders, health, jobs, probes,
-                        samples)
+from api.routes import (checkpoints, continuations, datasets, evaluations, events_metrics, graders, health, jobs,
+                        probes, samples)
 from api.openai import openai_router
 from api.web import install_dashboard
 from api.webhooks import routes as webhook_routes
@@ -67,7 +67,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def _v1_router() -> APIRouter:
     v1 = APIRouter(prefix="/v1")
-    for module in (jobs, continuations, events_metrics, samples, checkpoints, datasets, graders, probes):
+    for module in (jobs, continuations, events_metrics, samples, checkpoints, datasets, graders, probes,
+                   evaluations):
         v1.include_router(module.router)
     v1.include_router(webhook_routes.router)
     v1.include_router(openai_router())  # /v1/files, /v1/fine_tuning/...: OpenAI's shapes

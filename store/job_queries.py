@@ -60,8 +60,10 @@ def job_gpus(s: Session, job_ids: list[str]) -> dict[str, int]:
     return {job_id: spec_gpus(spec) for job_id, spec in rows}
 
 def continuations(s: Session, tenant_id: int, job_id: str) -> list[Job]:
-    """The tenant's jobs started from a checkpoint of `job_id` (spec.continue_from), oldest first."""
-    query = select(Job).where(Job.tenant_id == tenant_id, Job.parent_job_id == job_id)
+    """The tenant's jobs started from a checkpoint of `job_id` (spec.continue_from), oldest first
+    (its evaluations, which name it as their parent too, are not continuations)."""
+    query = select(Job).where(Job.tenant_id == tenant_id, Job.parent_job_id == job_id,
+                              Job.kind == JobKind.train)
     return list(s.scalars(query.order_by(Job.id)))
 
 

@@ -112,14 +112,16 @@ def new_job_id() -> str:
 
 
 class JobKind(StrEnum):
-    """What a job row runs: a training job, or a pass@k probe (trainer/probe.py). Both share
-    the row, the state machine (claim, heartbeat, fencing, cancel, reaper) and the queues."""
+    """What a job row runs: a training job, a pass@k probe (trainer/probe.py) or an evaluation
+    of a job's checkpoints (trainer/evaluation.py). All share the row, the state machine (claim,
+    heartbeat, fencing, cancel, reaper) and the queues."""
 
     train = "train"
     probe = "probe"
+    evaluation = "evaluation"
 
 
-ID_PREFIX = {JobKind.train: "job", JobKind.probe: "prb"}
+ID_PREFIX = {JobKind.train: "job", JobKind.probe: "prb", JobKind.evaluation: "evl"}
 
 
 def new_id(kind: "JobKind") -> str:

@@ -26,7 +26,8 @@ from store.webhook_tables import DeliveryStatus, WebhookDelivery, WebhookEndpoin
 
 # Job event type -> the webhook event type users subscribe to (per kind: job.* or probe.*).
 PUSHED_EVENTS = ("succeeded", "failed", "cancelled", "paused", "warning", "checkpoint_saved")
-EVENT_TYPES = tuple(f"{kind}.{e}" for kind in ("job", "probe") for e in PUSHED_EVENTS) + ("webhook.test",)
+EVENT_TYPES = tuple(f"{kind}.{e}" for kind in ("job", "probe", "evaluation")
+                    for e in PUSHED_EVENTS) + ("webhook.test",)
 RETRY_FOR = timedelta(days=1)
 FIRST_RETRY_S, MAX_RETRY_S = 5.0, 6 * 3600.0
 ROTATION_OVERLAP = timedelta(hours=24)  # the previous secret still signs this long
@@ -131,7 +132,7 @@ def enqueue_for_event(s: Session, job_id: str, event: str, data: dict[str, Any])
                     .where(Job.id == job_id)).one_or_none()
     if row is None:
         return 0
-    kind = "probe" if row.kind == JobKind.probe else "job"
+    kind = {JobKind.probe: "probe", JobKind.evaluation: "evaluation"}.get(JobKind(row.kind), "job")
     body = {"id": job_id, "object": kind, "name": row.name, "event": event, **data}
     return _enqueue(s, row.tenant_id, f"{kind}.{event}", body)
 

@@ -3,7 +3,8 @@
 This is the logic behind the Celery tasks (a few lines each in `worker.entrypoints`), so it
 can be tested without a broker. `run_job` claims the row (`worker.lease`: a duplicate or
 stale message finds nothing to claim and returns at once) and hands the lease to the module
-of the row's kind: `worker.training_job` (train) or `worker.probe_job` (probe). Every kind
+of the row's kind: `worker.training_job` (train), `worker.probe_job` (probe) or `worker.evaluation_job`
+(evaluation). Every kind
 runs under the same heartbeat, stop check and outcomes, and every write (the claim, the
 heartbeat, the sink, the outcome) goes to the database of the `settings` given.
 """
@@ -18,6 +19,7 @@ from store.settings import Settings, get_settings
 from store.tables import JobKind
 from worker import celery_app
 from worker.celery_app import Enqueue
+from worker.evaluation_job import run_evaluation
 from worker.lease import Lease, claim
 from worker.probe_job import run_probe
 from worker.training_job import run_training
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 RUNS: dict[JobKind, Callable[[Lease, Enqueue], str | None]] = {
     JobKind.train: run_training,
     JobKind.probe: run_probe,
+    JobKind.evaluation: run_evaluation,
 }
 
 
