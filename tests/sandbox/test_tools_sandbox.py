@@ -1,0 +1,235 @@
+"""The built-in tools environment against the real sandbox, through each real layer
+(bubblewrap, and the Landlock fallback): a call returns its result, state stays with its
+trajectory, and each hostile call (a tool that raises, hangs, prints megabytes, forks,
+reads another tenant's files, opens a socket) answers the model with an error while the
+episode carries on; after close() no process of the environment is left (its unique tag
+appears in no process's command line)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from tests.sandbox.support import LIMITS, SECRET
+from trainer.graders.sandbox.pool import processes_with
+from trainer.rollouts.environments.base import AssistantTurn, EnvReply, ToolCall
+from trainer.rollouts.environments.tools_env import MAX_CONTENT_CHARS, build
+from trainer.tasks.base import Example
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("layer")]
+
+TOOLS = '''
+import os, random
+
+NOTES = []
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+def note(text: str) -> str:
+    """Keep a note; returns every note of this conversation so far."""
+    NOTES.append(text)
+    return ", ".join(NOTES)
+
+def draw() -> int:
+    """A random number."""
+    return random.randrange(10**9)
+
+def boom(message: str) -> str:
+    """Always raises."""
+    raise ValueError(message)
+
+def read(path: str) -> str:
+    """Read a file."""
+    return open(path).read()
+
+def _reward(messages):
+    return float(len(NOTES))
+'''
+
+
+class Env:
+    """An environment under a unique tag; `turn` runs calls of several episodes at once."""
+
+    def __init__(self, sandboxes: int = 2, **spec):
+        self.tag = "brorl-tools-test-" + uuid.uuid4().hex
+        self.env = build({"tools": TOOLS, "code_interpreter": True, "tool_timeout_s": 1.0,
+                          **spec}, settings=SimpleNamespace(tool_sandboxes=sandboxes),
+                         tag=self.tag)
+        self.env.limits = LIMITS
+        self.env.pool.limits = LIMITS
+
+    def episode(self, sample=0):
+        return self.env.episode(Example("q", "a"), sample)
+
+    def turn(self, *pairs) -> list[EnvReply]:
+        """pairs: (episode, [(name, arguments), ...]); the episodes' steps run together."""
+        async def run():
+            return await asyncio.gather(*(
+                episode.step(AssistantTurn("", [ToolCall(f"c{n}", name, args)
+                                                for n, (name, args) in enumerate(calls)]))
+                for episode, calls in pairs))
+        return asyncio.run(run())
+
+    def close(self):
+        self.env.close()
+        assert processes_with(self.tag) == [], "a sandbox process outlived the environment"
+
+
+@pytest.fixture
+def tools():
+    env = Env()
+    yield env
+    env.close()
+
+
+def content(reply: EnvReply, n: int = 0) -> str:
+    return reply.messages[n]["content"]
+
+
+def test_a_call_returns_its_result_and_the_code_interpreter_keeps_its_variables(tools):
+    a = tools.episode()
+    first, = tools.turn((a, [("add", {"a": 2, "b": 40}),
+                             ("python", {"code": "import math\nx = 6 * 7\nprint('hi')\nx + 1"})]))
+    assert [content(first, 0), content(first, 1)] == ["42", "hi\n43\n"]
+    assert (first.tool_calls, first.tool_errors, first.done) == (2, 0, False)
+    assert first.messages[1] == {"role": "tool", "tool_call_id": "c1", "name": "python",
+                                 "content": "hi\n43\n"}
+    second, = tools.turn((a, [("python", {"code": "print(math.sqrt(x - 6))"})]))
+    assert content(second) == "6.0\n"
+
+
+def test_state_stays_with_its_trajectory(tools, layer):
+    a, b = tools.episode(0), tools.episode(1)
+    r1 = tools.turn((a, [("note", {"text": "a1"}), ("python", {"code": "v = 'A'"})]),
+                    (b, [("note", {"text": "b1"}), ("python", {"code": "v = 'B'"})]))
+    assert [content(r, 0) for r in r1] == ["a1", "b1"]
+    r2 = tools.turn((a, [("note", {"text": "a2"}), ("python", {"code": "print(v)"})]),
+                    (b, [("note", {"text": "b2"}), ("python", {"code": "print(v)"})]))
+    assert [content(r2[0], 0), content(r2[0], 1)] == ["a1, a2", "A\n"]
+    assert [content(r2[1], 0), content(r2[1], 1)] == ["b1, b2", "B\n"]
+    if layer == "bubblewrap":  # the Landlock layer has nothing writable at all
+        # A file one trajectory wrote is its own: the other never sees it.
+        tools.turn((a, [("python", {"code": "open('/tmp/f', 'w').write('A')"})]))
+        r3 = tools.turn((a, [("python", {"code": "print(open('/tmp/f').read())"})]),
+                        (b, [("python", {"code": "import os\nprint(os.path.exists('/tmp/f'))"})]))
+        assert [content(r3[0]), content(r3[1])] == ["A\n", "False\n"]
+    # Random draws replay: a later call sees the same earlier numbers.
+    d1, = tools.turn((a, [("python", {"code": "import random\nr = random.random()\nr"})]))
+    d2, = tools.turn((a, [("python", {"code": "r"})]))
+    assert content(d1) == content(d2)
+    assert asyncio.run(a.finish([])) is None  # reward: grader (the default)
+
+
+def test_the_calls_of_one_turn_run_concurrently():
+    tools = Env(sandboxes=4)
+    try:
+        episodes = [tools.episode(n) for n in range(4)]
+        tools.turn(*((e, [("add", {"a": 1, "b": 1})]) for e in episodes))  # servers started
+        start = time.monotonic()
+        replies = tools.turn(*((e, [("python", {"code": "import time\ntime.sleep(0.8)\n1"})])
+                               for e in episodes))
+        elapsed = time.monotonic() - start
+    finally:
+        tools.close()
+    assert [content(r) for r in replies] == ["1\n"] * 4
+    assert elapsed < 2.5, f"{elapsed:.2f} s for 4 calls of 0.8 s: they ran one by one"
+
+
+def _carries_on(tools, episode, reply, needle):
+    assert reply.tool_errors == 1, reply
+    assert content(reply).startswith("error:"), content(reply)
+    assert needle in content(reply), content(reply)
+    after, = tools.turn((episode, [("add", {"a": 1, "b": 2})]))
+    assert content(after) == "3" and after.tool_errors == 0
+
+
+@pytest.mark.parametrize("call, needle", [
+    (("boom", {"message": "no luck"}), "ValueError: no luck (line 21)"),
+    (("python", {"code": "import time\nwhile True:\n    time.sleep(0.01)"}), "over 1 s"),
+    (("python", {"code": "while True:\n    pass"}), "over 1 s"),
+    (("python", {"code": "print('x' * (10 * 1024 * 1024))"}), "output limit exceeded"),
+    (("python", {"code": "import os\nwhile True:\n    os.fork()"}),
+     "PermissionError: [Errno 1] Operation not permitted"),
+    (("python", {"code": "import subprocess\nsubprocess.run(['id'])"}), "PermissionError"),
+    (("python", {"code": "import os\nos._exit(3)"}), "exited with status 3"),
+    (("python", {"code": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"}),
+     "PermissionError"),
+])
+def test_a_failing_call_answers_with_an_error(tools, call, needle):
+    episode = tools.episode()
+    reply, = tools.turn((episode, [call]))
+    _carries_on(tools, episode, reply, needle)
+
+
+def test_a_hang_that_ignores_signals_is_killed(tools):
+    episode = tools.episode()
+    reply, = tools.turn((episode, [("python", {"code": "sum(range(10**12))"})]))
+    _carries_on(tools, episode, reply, "killed")
+
+
+def test_a_huge_answer_is_cut(tools):
+    episode = tools.episode()
+    reply, = tools.turn((episode, [("python", {"code": "v = 'y' * 10**6\nv"})]))
+    assert reply.tool_errors == 0
+    assert len(content(reply)) < MAX_CONTENT_CHARS + 100 and "more characters cut" in content(reply)
+
+
+def test_reading_another_tenants_folder_fails(tools, tmp_path):
+    other = tmp_path / "other-tenant"
+    other.mkdir()
+    (other / "data.jsonl").write_text(SECRET)
+    episode = tools.episode()
+    reply, = tools.turn((episode, [("read", {"path": str(other / "data.jsonl")})]))
+    assert SECRET not in content(reply)
+    _carries_on(tools, episode, reply, "Error: [Errno")
+
+
+@pytest.fixture
+def listening_port():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    yield server.getsockname()[1]
+    server.close()
+
+
+def test_opening_a_socket_fails(tools, listening_port):
+    episode = tools.episode()
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {listening_port}), timeout=1)"
+    reply, = tools.turn((episode, [("python", {"code": code})]))
+    _carries_on(tools, episode, reply, "Error")
+
+
+def test_close_while_a_call_runs_leaves_nothing_running():
+    env = Env(tool_timeout_s=30.0)
+    episode = env.episode()
+    replies = []
+    worker = threading.Thread(target=lambda: replies.extend(env.turn(
+        (episode, [("python", {"code": "import time\ntime.sleep(25)"})]))))
+    worker.start()
+    deadline = time.monotonic() + 20
+    while not processes_with(env.tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert processes_with(env.tag), "the call never started"
+    env.close()  # asserts that no process of the environment is left
+    worker.join(30)
+    assert not worker.is_alive()
+    assert content(replies[0]).startswith("error: the tool's sandbox failed")
+
+
+def test_env_reward_judges_the_replayed_state():
+    env = Env(reward="env")
+    try:
+        episode = env.episode()
+        env.turn((episode, [("note", {"text": "x"}), ("note", {"text": "y"})]))
+        assert asyncio.run(episode.finish([{"role": "assistant", "content": "done"}])) == 2.0
+    finally:
+        env.close()
