@@ -85,7 +85,7 @@ def _generate_round(run: Run, plan: StagePlan, index: int, round_index: int, k: 
                                   [run.task.train[i] for i in idx], sampling)
     rollouts = episodes.to_rollouts()
     if spec.algo.overlong is not None:
-        o, lengths = spec.algo.overlong, torch.tensor([len(r) for r in rollouts.response_ids])
+        o, lengths = spec.algo.overlong, torch.tensor(rollouts.model_lengths())
         rollouts.rewards = rollouts.rewards + overlong_penalty(lengths, spec.rollout.max_new_tokens, o.buffer, o.penalty)
     if run.difficulty is not None:
         record_draws(run.difficulty, drawn, rollouts.correct, rollouts.group)
@@ -187,7 +187,7 @@ def train_on_batch(run: Run, batch: Rollouts, index: int, positions: torch.Tenso
     differ by at most one (`tensor_split`; `chunk` may give fewer, e.g. 6 samples in 4 -> 3).
     """
     spec, algo = run.spec, run.spec.algo
-    lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
+    lengths = torch.tensor(batch.model_lengths(), dtype=torch.float32)  # the model's tokens
     token_weights = lengths if algo.advantage_whitening == "token" else None
     reduce = distributed.all_sum if distributed.active() else None
     batch.advantages = run.advantage_fn(batch.rewards, batch.group, token_weights, reduce)
@@ -278,7 +278,7 @@ def _global_step_counts(collected: Collected, rewards: torch.Tensor, correct: to
 
 def _samples(run: Run, rollouts: Rollouts) -> list[dict]:
     """The step's stored samples (`trainer.samples`), with the advantages over their round."""
-    lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.float32)
+    lengths = torch.tensor(rollouts.model_lengths(), dtype=torch.float32)
     weights = lengths if run.spec.algo.advantage_whitening == "token" else None
     advantages = run.advantage_fn(rollouts.rewards, rollouts.group, weights, None)
     return step_samples(rollouts, advantages, run.tokenizer, run.spec.samples.per_step,

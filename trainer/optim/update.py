@@ -388,6 +388,19 @@ def sequence_logprobs(model, prompt_ids, response_ids, temperature: float, max_t
 # ----------------------------------------------------------------------------- update
 
 
+def model_token_mask(valid: torch.Tensor, loss_mask, idx: list[int]) -> torch.Tensor:
+    """[b, R] bool: the tokens that carry loss, ratios, KL and entropy: valid (not padding) and
+    the model's own (`Rollouts.loss_mask` 1; an environment's tokens are context only). Every
+    forward (padded, shared-prefix, packed) gives `valid` per sample in the order of `idx`."""
+    if loss_mask is None:
+        return valid
+    own = pad_sequence([torch.as_tensor(loss_mask[i], dtype=torch.bool) for i in idx], batch_first=True)
+    own = own.to(valid.device)
+    if own.shape[1] < valid.shape[1]:  # only when every sample's mask is shorter: pad with 0
+        own = torch.nn.functional.pad(own, (0, valid.shape[1] - own.shape[1]))
+    return valid & own[:, :valid.shape[1]]
+
+
 def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
                 cfg: UpdateConfig, totals: Totals, shared: bool) -> dict[str, float]:
     """Forward + backward of one micro-batch; returns its token SUMS for the statistics.
@@ -398,7 +411,7 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
     """
     device = next(model.parameters()).device
     logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.compute_dtype, shared, cfg.fp32_head)
-    mask = batch["mask"]
+    mask = model_token_mask(batch["mask"], mb.loss_mask, idx)
     logp, entropy = token_logp(logits, batch["targets"], cfg.temperature, with_entropy=True,
                                fp32_head=cfg.fp32_head)
     logp, entropy = _per_sample(logp, batch), _per_sample(entropy, batch)
@@ -461,6 +474,8 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
                cfg: UpdateConfig, max_tokens: int) -> dict[str, float]:
     """One PPO optimizer step on a mini-batch, micro-batched; returns the step's statistics.
 
+    Valid tokens are the model's own: padding and an environment's tokens (`loss_mask` 0,
+    multi-turn) carry no loss, ratio, KL or entropy and are not counted (`model_token_mask`).
     Loss per valid token = is_weight * the objective's term (`cfg.loss`, trainer/algo/objectives.py)
     + kl_coef * KL estimator (the KL term is not IS-weighted and is skipped when `ref_logp` is
     None), aggregated over the mini-batch as the objective says (ppo and cispo: divided by its
@@ -480,8 +495,9 @@ def ppo_update(model, optimizer, minibatch: Rollouts, old_logp, ref_logp,
         raise ValueError("minibatch.advantages is None: compute advantages before the update")
     # On many ranks the mini-batch is the union of every rank's share: its token count (the
     # loss denominator) and the statistics are sums over ranks (trainer/collectives.py).
+    # Tokens that carry loss: the model's own (an environment's tokens are context only).
     n_tokens, n_samples = (int(v) for v in distributed.all_sum_floats(
-        [sum(len(r) for r in minibatch.response_ids), len(minibatch.response_ids)]))
+        [sum(minibatch.model_lengths()), len(minibatch.response_ids)]))
     sizes = Totals(tokens=n_tokens, samples=n_samples, max_new_tokens=cfg.max_new_tokens)
     totals = dict.fromkeys(STAT_KEYS, 0.0)
     chunks, shared = _chunks(model, minibatch.prompt_ids, minibatch.response_ids, max_tokens, cfg.shared_prefix,

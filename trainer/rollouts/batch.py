@@ -46,9 +46,19 @@ class Rollouts:
     correct: torch.Tensor | None = None     # [S] bool: the verifier's verdict (pass rate, filter stats)
     advantages: torch.Tensor | None = None  # [S] float, set by trainer.algo.advantages
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # other per-sample tensors
+    # Per sample, per response token: 1 where the model wrote it (loss, ratios, KL, entropy),
+    # 0 where an environment did (context only). None: every response token is the model's.
+    loss_mask: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+    def model_lengths(self) -> list[int]:
+        """Per sample, the response tokens the model wrote (all of them without a loss mask):
+        what token-weighted statistics and length shaping count."""
+        if self.loss_mask is None:
+            return [len(r) for r in self.response_ids]
+        return [int(sum(m)) for m in self.loss_mask]
 
     def select(self, idx: torch.Tensor) -> "Rollouts":
         """The samples at `idx` (a 1-D long tensor), in that order."""
@@ -63,6 +73,7 @@ class Rollouts:
             correct=None if self.correct is None else self.correct[idx],
             advantages=None if self.advantages is None else self.advantages[idx],
             extras={k: v[idx] for k, v in self.extras.items()},
+            loss_mask=None if self.loss_mask is None else [self.loss_mask[i] for i in ids],
         )
 
 
@@ -73,6 +84,9 @@ def concat_rollouts(parts: list[Rollouts]) -> Rollouts:
         groups.append(p.group + offset)
         offset += int(p.group.max()) + 1 if len(p) else 0
     extras = {k: torch.cat([p.extras[k] for p in parts]) for k in parts[0].extras} if parts else {}
+    # A part without a mask is all model tokens: 1s, so the joined batch keeps one mask.
+    mask = None if all(p.loss_mask is None for p in parts) else [
+        m for p in parts for m in (p.loss_mask if p.loss_mask is not None else [[1] * len(r) for r in p.response_ids])]
     return Rollouts(
         prompt_ids=[x for p in parts for x in p.prompt_ids],
         response_ids=[x for p in parts for x in p.response_ids],
@@ -83,4 +97,5 @@ def concat_rollouts(parts: list[Rollouts]) -> Rollouts:
         correct=(torch.cat([p.correct for p in parts])
                  if parts and all(p.correct is not None for p in parts) else None),
         extras=extras,
+        loss_mask=mask,
     )

@@ -66,12 +66,8 @@ class Episodes:
 
     def to_rollouts(self) -> Rollouts:
         """The training batch: one group per prompt, the grader's sub-rewards as `reward/<key>`
-        extras (what the stored samples and metrics read)."""
-        if self.loss_mask is not None:
-            # Multi-turn samples need an update that honours the mask; training on them
-            # without it would put loss on the environment's tokens.
-            raise ValueError("episodes with environment tokens (a loss mask) cannot be trained "
-                             "by this update: it puts loss on every completion token")
+        extras (what the stored samples and metrics read), the loss mask as it is (the update
+        puts loss only where it is 1)."""
         return Rollouts(prompt_ids=self.prompt_ids, response_ids=self.completion_ids,
                         engine_logprobs=self.logprobs,
                         group=torch.tensor(self.prompt_index, dtype=torch.long),
@@ -79,7 +75,8 @@ class Episodes:
                         truncated=torch.tensor(self.truncated, dtype=torch.bool),
                         correct=torch.tensor(self.correct, dtype=torch.bool),
                         extras={f"reward/{k}": torch.tensor(v, dtype=torch.float32)
-                                for k, v in self.sub_rewards.items()})
+                                for k, v in self.sub_rewards.items()},
+                        loss_mask=self.loss_mask)
 
 
 def generate_and_score(engine: Any, tokenizer: Any, scorer: Any, prompts: list[list[int]],

@@ -95,11 +95,10 @@ def test_to_rollouts_is_the_training_batch():
     assert r.extras["reward/math"].tolist() == ep.sub_rewards["math"]
 
 
-def test_a_masked_batch_is_not_trained_without_a_mask_aware_update():
+def test_a_masked_batch_keeps_its_mask_for_the_update():
     ep = generate_and_score(FakeEngine(), Tokenizer(), FakeScorer(), [[7]], _examples(1), SAMPLING)
     ep.loss_mask = [[1, 0]] * len(ep)
-    with pytest.raises(ValueError, match="loss mask"):
-        ep.to_rollouts()
+    assert ep.to_rollouts().loss_mask == ep.loss_mask
 
 
 def test_a_stop_between_generating_and_scoring_skips_the_scoring():
