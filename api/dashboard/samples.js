@@ -33,14 +33,20 @@ window.SamplesTable = (jobId) => {
       c.id ? el("span", { class: "muted", text: ` ${c.id}` }) : null);
   }
 
+  // A failed call or action: marked by the environment (`error: true`), or answered the way the
+  // built-in tools and OpenEnv servers answer one (text starting "error:"; verifiers' "Error:").
+  const failed = (m, turn) => m.error === true ||
+    (turn > 0 && m.role !== "assistant" && /^error:/i.test(m.content || ""));
+
   function message(m, turn) {
+    const bad = failed(m, turn);
     const head = [el("span", { class: "turn-role", text: m.role })];
     if (m.role === "assistant") head.push(el("span", { class: "muted", text: ` turn ${turn}` }));
     if (m.role === "tool") {
       head.push(el("span", { class: "muted", text: ` ${m.name || ""}${m.tool_call_id ? ` ← ${m.tool_call_id}` : ""}` }));
     }
-    if (m.error) head.push(el("span", { class: "turn-error-label", text: " error" }));
-    return el("div", { class: `turn turn-${/^[a-z]+$/.test(m.role) ? m.role : "other"}${m.error ? " turn-error" : ""}`,
+    if (bad) head.push(el("span", { class: "turn-error-label", text: " error" }));
+    return el("div", { class: `turn turn-${/^[a-z]+$/.test(m.role) ? m.role : "other"}${bad ? " turn-error" : ""}`,
                        "data-role": m.role },
       el("div", { class: "turn-head" }, ...head),
       m.content ? el("pre", { class: "sample-text", text: m.content }) : null,

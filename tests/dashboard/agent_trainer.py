@@ -30,7 +30,8 @@ def transcript(step: int) -> list[dict]:
         {"role": "assistant", "content": "",
          "tool_calls": [{"id": "call_1", "type": "function",
                          "function": {"name": "shell", "arguments": {"cmd": "rm -rf /"}}}]},
-        {"role": "tool", "tool_call_id": "call_1", "name": "shell", "error": True,
+        # as the built-in tools answer a failed call (no `error` flag: the text says it)
+        {"role": "tool", "tool_call_id": "call_1", "name": "shell",
          "content": f"error: unknown tool 'shell' {HOSTILE}"},
         {"role": "assistant", "content": f"<answer>{123456 + step}</answer>"},
     ]
