@@ -60,7 +60,7 @@ class Env:
     def __init__(self, sandboxes: int = 2, **spec):
         self.tag = "brorl-tools-test-" + uuid.uuid4().hex
         self.env = build({"tools": TOOLS, "code_interpreter": True, "tool_timeout_s": 1.0,
-                          **spec}, settings=SimpleNamespace(tool_sandboxes=sandboxes),
+                          "reward": "grader", **spec}, settings=SimpleNamespace(tool_sandboxes=sandboxes),
                          tag=self.tag)
         self.env.limits = LIMITS
         self.env.pool.limits = LIMITS
@@ -161,6 +161,11 @@ def _carries_on(tools, episode, reply, needle):
     (("python", {"code": "import os\nos._exit(3)"}), "exited with status 3"),
     (("python", {"code": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"}),
      "PermissionError"),
+    (("python", {"code": "import signal\nsignal.setitimer(signal.ITIMER_REAL, 0)\n"
+                         "while True:\n    try:\n        pass\n    except BaseException:\n"
+                         "        pass"}), "killed"),
+    (("python", {"code": "class Slow:\n    def __repr__(self):\n        while True: pass\n"
+                         "Slow()"}), "over 1 s"),
 ])
 def test_a_failing_call_answers_with_an_error(tools, call, needle):
     episode = tools.episode()
@@ -225,11 +230,28 @@ def test_close_while_a_call_runs_leaves_nothing_running():
     assert content(replies[0]).startswith("error: the tool's sandbox failed")
 
 
-def test_env_reward_judges_the_replayed_state():
+def test_env_reward_judges_the_state_the_tools_left():
     env = Env(reward="env")
     try:
         episode = env.episode()
         env.turn((episode, [("note", {"text": "x"}), ("note", {"text": "y"})]))
-        assert asyncio.run(episode.finish([{"role": "assistant", "content": "done"}])) == 2.0
+        # The model's code reaches the tools' globals through the garbage collector ...
+        hack = ("import gc\nfor o in gc.get_objects():\n"
+                "    if isinstance(o, list) and o == ['x', 'y']:\n"
+                "        o.extend(['z'] * 10)\n")
+        env.turn((episode, [("python", {"code": hack})]))
+        seen, = env.turn((episode, [("note", {"text": "w"})]))
+        assert content(seen).count("z") == 10  # ... which its own trajectory sees,
+        # but the reward replays the tool calls without the model's code.
+        assert asyncio.run(episode.finish([{"role": "assistant", "content": "done"}])) == 3.0
+    finally:
+        env.close()
+
+
+def test_a_broken_env_reward_raises_from_finish():
+    env = Env(reward="env", tools=TOOLS.replace("return float(len(NOTES))", "return 'many'"))
+    try:
+        with pytest.raises(RuntimeError, match="not a finite number"):
+            asyncio.run(env.episode().finish([]))
     finally:
         env.close()

@@ -494,8 +494,8 @@ def _where(exc):
         if tb.tb_frame.f_code.co_filename in ("<cell>", "tools.py"):
             line = tb.tb_lineno
         tb = tb.tb_next
-    if line is None and isinstance(exc, SyntaxError):
-        line = exc.lineno
+    if isinstance(exc, SyntaxError):
+        return ""  # its message names the line
     return f" (line {line})" if line else ""
 
 
@@ -527,6 +527,10 @@ def _tool_work(item, timeout_s, replay_s):
         if result is None and item["history"]:
             def replay():
                 for earlier in item["history"]:
+                    if item.get("reward") and earlier.get("interpreter"):
+                        # The reward judges what the tools did: the model's own code
+                        # (which could reach the tools' globals) is not replayed for it.
+                        continue
                     try:
                         _call_tool(earlier, tools, shell)
                     except Timeout:
@@ -542,11 +546,14 @@ def _tool_work(item, timeout_s, replay_s):
             out = _CappedText()
             sys.stdout = sys.stderr = out
             began = time.monotonic()
-            try:
-                value = _timed(lambda: _call_tool(item, tools, shell), timeout_s)
-                text = (out.getvalue() if item.get("interpreter")
+            def call():
+                value = _call_tool(item, tools, shell)
+                # Under the timer too: a returned object's repr is the tenant's code.
+                return (out.getvalue() if item.get("interpreter")
                         else _tool_text(value, out.getvalue()))
-                result = {"error": None, "content": _cut(text, limit)}
+
+            try:
+                result = {"error": None, "content": _cut(_timed(call, timeout_s), limit)}
             except Timeout:
                 result = {"error": "timeout", "content": f"the call took over {timeout_s:g} s"}
             except BaseException as exc:  # noqa: BLE001 - the tool's error is the answer

@@ -47,8 +47,9 @@ without a tool call (the model answered) ends the episode. The reward comes from
 grader or built-in verifier over the final answer (`task.env.reward: grader`, the default for
 tools). With `reward: env` or `sum` the tools source must define `_reward(messages)` (the final
 transcript, OpenAI-style messages) returning a number: it runs in the sandbox after the
-trajectory's calls are replayed, so it can judge the state the tools left (a booking made, a
-file written).
+trajectory's tool calls are replayed, so it can judge the state the tools left (a booking
+made, a file written). The code interpreter's cells are not replayed for it: the model's own
+code could otherwise reach the tools' globals and write its reward.
 """
 from __future__ import annotations
 
