@@ -41,6 +41,9 @@ class TrainerSettings(BaseSettings):
     ray_cpus_per_rank: float = Field(1.0, gt=0, description="CPUs reserved per rank in a node's bundle")
     ray_placement_timeout_s: float = Field(0.0, ge=0, description="how long a job waits for its nodes "
                                            "before it fails (0: until cancelled)")
+    # Read (and checked) by trainer.rollouts.environments.openenv_env, which stays unimported here.
+    openenv_servers: str = Field("", description='JSON {"name": "http://host:port" or {"url", ...}}: '
+                                 "the OpenEnv servers a job may name in task.env.name")
 
     @field_validator("launcher")
     @classmethod
