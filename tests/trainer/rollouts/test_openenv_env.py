@@ -329,7 +329,18 @@ def test_a_hanging_server_is_a_bounded_error(server):
         assert time.monotonic() - t0 < 3                   # not retried: the session is unknown
         assert ep.session.ws is None
         await ep.close()
+        # A caller that gives up first (its own deadline) leaves no session to answer late.
+        other = env.episode(example(2), 0)
+        await other.start()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(other.step(turn("!hang")), 0.3)
+        await asyncio.sleep(0.1)
+        assert other.session.ws is None
+        with pytest.raises(oe.OpenEnvError, match="dropped the episode's session"):
+            await other.step(turn("50"))
+        await other.close()
     try:
         run(go())
     finally:
         env.close()
+        env.close()                                        # twice is harmless

@@ -298,10 +298,18 @@ class _Session:
     async def request(self, message: dict[str, Any]) -> dict[str, Any]:
         from websockets.exceptions import ConnectionClosed
 
-        assert self.ws is not None
+        if self.ws is None:
+            raise _Lost("the session was abandoned by an earlier request")
         try:
             await self.ws.send(json.dumps(message))
             raw = await asyncio.wait_for(self.ws.recv(), timeout=self.cfg.timeout_s)
+        except asyncio.CancelledError:
+            # The caller gave up (the driver's own deadline): an answer may still come, and
+            # nothing could tell it from the next request's, so the session is closed.
+            ws, self.ws = self.ws, None
+            if ws is not None:
+                asyncio.get_running_loop().create_task(ws.close())
+            raise
         except (asyncio.TimeoutError, TimeoutError):
             await self.close()
             raise OpenEnvError(f"OpenEnv server {self.server!r} gave no answer to {message['type']} "
@@ -467,6 +475,7 @@ class OpenEnvEnvironment:
         self.reset_args, self.tag = reset_args, tag
         self.loop = _Loop(f"openenv-{name}")
         self.sessions: set[_Session] = set()
+        self.closed = False
 
     def episode(self, example: Any, sample: int) -> OpenEnvEpisode:
         return OpenEnvEpisode(self, example, sample)
@@ -475,6 +484,9 @@ class OpenEnvEnvironment:
         async def close_all() -> None:
             await asyncio.gather(*(s.close() for s in list(self.sessions)), return_exceptions=True)
             self.sessions.clear()
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.loop.submit(close_all()).result(timeout=2 * CLOSE_TIMEOUT_S)
         finally:
