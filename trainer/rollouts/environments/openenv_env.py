@@ -460,8 +460,12 @@ class OpenEnvEpisode:
         return self.total()
 
     async def close(self) -> None:
-        if self.session.ws is not None:
-            await self.env.loop.run(self.session.close())
+        if not self.env.closed:
+            await self.env.loop.run(self._close())
+
+    async def _close(self) -> None:
+        # On the env's loop, as every change to `env.sessions` is (close_all iterates it there).
+        await self.session.close()
         self.env.sessions.discard(self.session)
 
 
