@@ -127,6 +127,22 @@ def test_state_stays_with_its_trajectory(tools, layer):
     assert asyncio.run(a.finish([])) is None  # reward: grader (the default)
 
 
+def test_a_call_holds_no_other_call_of_its_batch():
+    """One sandbox, so both trajectories' calls are one request to one server: the first
+    call's child finds nothing of the second (a sibling trajectory's arguments) in memory
+    the garbage collector reaches."""
+    tools = Env(sandboxes=1)
+    try:
+        a, b = tools.episode(0), tools.episode(1)
+        tools.turn((a, [("add", {"a": 1, "b": 1})]), (b, [("note", {"text": "secret-b"})]))
+        spy = ("import gc\nprint(sum(1 for o in gc.get_objects() if isinstance(o, dict)"
+               " and o.get('arguments') in ({'text': 'secret-b'}, {'text': 'b2'})))")
+        replies = tools.turn((a, [("python", {"code": spy})]), (b, [("note", {"text": "b2"})]))
+    finally:
+        tools.close()
+    assert [content(r) for r in replies] == ["0\n", "secret-b, b2"]
+
+
 def test_the_calls_of_one_turn_run_concurrently():
     tools = Env(sandboxes=4)
     try:
@@ -235,14 +251,15 @@ def test_env_reward_judges_the_state_the_tools_left():
     try:
         episode = env.episode()
         env.turn((episode, [("note", {"text": "x"}), ("note", {"text": "y"})]))
-        # The model's code reaches the tools' globals through the garbage collector ...
-        hack = ("import gc\nfor o in gc.get_objects():\n"
-                "    if isinstance(o, list) and o == ['x', 'y']:\n"
-                "        o.extend(['z'] * 10)\n")
-        env.turn((episode, [("python", {"code": hack})]))
+        # The model's code looks for the tools' globals through the garbage collector (to
+        # write its own reward): they are not in its process.
+        hack = ("import gc\nfound = 0\nfor o in gc.get_objects():\n"
+                "    if isinstance(o, list) and o[:2] == ['x', 'y']:\n"
+                "        o.extend(['z'] * 10)\n        found += 1\nprint(found)")
+        hacked, = env.turn((episode, [("python", {"code": hack})]))
+        assert content(hacked) == "0\n"
         seen, = env.turn((episode, [("note", {"text": "w"})]))
-        assert content(seen).count("z") == 10  # ... which its own trajectory sees,
-        # but the reward replays the tool calls without the model's code.
+        assert content(seen) == "x, y, w"
         assert asyncio.run(episode.finish([{"role": "assistant", "content": "done"}])) == 3.0
     finally:
         env.close()

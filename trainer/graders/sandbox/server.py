@@ -499,12 +499,17 @@ def _where(exc):
     return f" (line {line})" if line else ""
 
 
-def _tool_work(item, timeout_s, replay_s):
+def _tool_work(items, n, timeout_s, replay_s):
     """A child's work: load the tools, replay the trajectory's earlier calls with their
     output discarded (the trajectory's state), then run the call with its output captured."""
+    item = items[n]
 
     def work(write_fd):
         import random
+
+        for other in items:  # the batch's other calls are none of this one's business
+            if other is not item:
+                other.clear()
 
         cpu = int(math.ceil(timeout_s * 2 + replay_s)) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -590,10 +595,10 @@ def _checked_tool(raw):
             "seconds": seconds}
 
 
-def _one_tool(item, timeout_s, cap_s):
-    replay_s = max(0.0, min(float(item.get("replay_s") or 0.0), cap_s))
+def _one_tool(items, n, timeout_s, cap_s):
+    replay_s = max(0.0, min(float(items[n].get("replay_s") or 0.0), cap_s))
     budget_s = timeout_s * 2 + replay_s  # loading the tools, replaying, the call
-    pid, read_fd = _fork(_tool_work(item, timeout_s, replay_s))
+    pid, read_fd = _fork(_tool_work(items, n, timeout_s, replay_s))
     data, error = _collect(read_fd, time.monotonic() + budget_s + GRACE_S)
     status = _reap(pid, read_fd, kill=error is not None)
     if error == "timeout":
@@ -616,7 +621,7 @@ def serve_tools(request, reply):
     """One fresh child per call: nothing of one call (or trajectory) is there for the next
     but what it replays itself."""
     for n, item in enumerate(request["items"]):
-        reply(n, _one_tool(item, request["timeout_s"], request["cap_s"]))
+        reply(n, _one_tool(request["items"], n, request["timeout_s"], request["cap_s"]))
         _empty_tmp()
         try:
             os.ftruncate(1, 0)

@@ -15,13 +15,20 @@ printed output is capped by BRORL_GRADER_OUTPUT_KB and the answer the model read
 `MAX_CONTENT_CHARS`. The calls of one turn from all live episodes (the driver awaits their
 `step`s together) are gathered and sent to the pool as one batch, spread over its servers.
 
-Per-trajectory state: replay. A call's child loads the tools source afresh, replays the
-trajectory's earlier calls (those that returned or raised, in order, with their output
+Per-trajectory state: replay. A tool call's child loads the tools source afresh, replays the
+trajectory's earlier tool calls (those that returned or raised, in order, with their output
 discarded and `random` seeded per trajectory, so they draw the same numbers) and then runs
-the call. So module globals a tool changes (`NOTES = []` ... `NOTES.append(x)`), files it
-writes under /tmp, and the code interpreter's variables, functions and imports persist along
-one trajectory and are never seen by another (each call's child is fresh, and /tmp is emptied
-after every call). Why replay rather than a child kept alive per trajectory:
+the call; a code interpreter call likewise replays the trajectory's earlier cells. So module
+globals a tool changes (`NOTES = []` ... `NOTES.append(x)`) and files it writes under /tmp
+persist along the trajectory's tool calls, the interpreter's variables, functions, imports and
+files along its cells, and neither is ever seen by another trajectory (each call's child is
+fresh, and /tmp is emptied after every call). The tools and the interpreter keep their state
+apart: the model's code never runs in a process that holds the tools' state, so it cannot read
+or rewrite what a tool (or `_reward`) keeps; nothing of the example (its answer) is ever sent
+to the sandbox. Within a job this is state isolation, not secrecy: a child is forked from a
+server whose memory held the batch's requests (other trajectories' calls of the same job; the
+child drops its references to them, but a determined program could read raw memory); another
+tenant's never share a server. Why replay rather than a child kept alive per trajectory:
 - nothing lives between calls, so nothing can be left running: an episode that is abandoned,
   cancelled or never closed holds no process, and `close()` has nothing to stop;
 - any server of the pool can serve any call, so the pool keeps its bounds, its spread of a
@@ -48,8 +55,7 @@ grader or built-in verifier over the final answer (`task.env.reward: grader`, th
 tools). With `reward: env` or `sum` the tools source must define `_reward(messages)` (the final
 transcript, OpenAI-style messages) returning a number: it runs in the sandbox after the
 trajectory's tool calls are replayed, so it can judge the state the tools left (a booking
-made, a file written). The code interpreter's cells are not replayed for it: the model's own
-code could otherwise reach the tools' globals and write its reward.
+made, a file written); the interpreter's cells are not part of that state.
 """
 from __future__ import annotations
 
@@ -209,8 +215,10 @@ class ToolsEpisode:
         self.env, self.example, self.sample = env, example, sample
         question = getattr(example, "question", "")
         self.seed = zlib.crc32(f"{question}\0{sample}".encode("utf-8", "replace"))
-        self.history: list[dict[str, Any]] = []   # the calls a later call replays
-        self.replay_s = 0.0
+        # The calls a later call replays, and their measured seconds: the tools' and the
+        # code interpreter's apart (see the module's docstring).
+        self.history: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+        self.replay_s: dict[bool, float] = {False: 0.0, True: 0.0}
         self.tool_calls = self.tool_errors = 0
         self.closed = False
 
@@ -229,8 +237,9 @@ class ToolsEpisode:
     def _item(self, name: str, arguments: dict[str, Any], *, interpreter: bool = False,
               reward: bool = False) -> dict[str, Any]:
         return {"name": name, "arguments": arguments, "interpreter": interpreter,
-                "reward": reward, "source": self.env.source, "history": list(self.history),
-                "seed": self.seed, "replay_s": 2 * self.replay_s + 1.0,
+                "reward": reward, "source": None if interpreter else self.env.source,
+                "history": list(self.history[interpreter]),
+                "seed": self.seed, "replay_s": 2 * self.replay_s[interpreter] + 1.0,
                 "max_chars": MAX_CONTENT_CHARS}
 
     async def _call(self, call: ToolCall) -> tuple[str, bool]:
@@ -249,9 +258,9 @@ class ToolsEpisode:
             return _error_text(f"the tool's sandbox failed: {result['fault']}"), True
         error = result.get("error")
         if error in (None, "raised"):
-            self.history.append({"name": call.name, "arguments": call.arguments,
-                                 "interpreter": interpreter})
-            self.replay_s += float(result.get("seconds") or 0.0)
+            self.history[interpreter].append({"name": call.name, "arguments": call.arguments,
+                                              "interpreter": interpreter})
+            self.replay_s[interpreter] += float(result.get("seconds") or 0.0)
         if error is None:
             return result.get("content", ""), False
         return _error_text(result.get("content") or error), True
