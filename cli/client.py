@@ -303,6 +303,23 @@ class BrorlClient:
     def continuations(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/jobs/{job_id}/continuations")
 
+    # ------------------------------------------------------------------ evaluations
+
+    def create_evaluation(self, job_id: str, body: dict[str, Any],
+                          idempotency_key: str | None = None) -> dict[str, Any]:
+        """Evaluate `job_id`'s checkpoints (and its base); docs/evaluation.md."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._json("POST", f"/v1/jobs/{job_id}/evaluations", json=body, headers=headers)
+
+    def get_evaluation(self, evaluation_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/evaluations/{evaluation_id}")
+
+    def job_evaluations(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/jobs/{job_id}/evaluations")
+
+    def cancel_evaluation(self, evaluation_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/v1/evaluations/{evaluation_id}/cancel")
+
     # ------------------------------------------------------------------ webhooks
 
     def create_webhook(self, url: str, event_types: list[str] | None = None,
