@@ -49,6 +49,9 @@ class Rollouts:
     # Per sample, per response token: 1 where the model wrote it (loss, ratios, KL, entropy),
     # 0 where an environment did (context only). None: every response token is the model's.
     loss_mask: list[list[int]] | None = None
+    # Per sample, a multi-turn episode's transcript and counts for the stored samples
+    # (`Episodes.episode_rows`); None for single-turn batches.
+    episodes: list[dict] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -74,6 +77,7 @@ class Rollouts:
             advantages=None if self.advantages is None else self.advantages[idx],
             extras={k: v[idx] for k, v in self.extras.items()},
             loss_mask=None if self.loss_mask is None else [self.loss_mask[i] for i in ids],
+            episodes=None if self.episodes is None else [self.episodes[i] for i in ids],
         )
 
 
@@ -98,4 +102,6 @@ def concat_rollouts(parts: list[Rollouts]) -> Rollouts:
                  if parts and all(p.correct is not None for p in parts) else None),
         extras=extras,
         loss_mask=mask,
+        episodes=None if all(p.episodes is None for p in parts) else [
+            e for p in parts for e in (p.episodes if p.episodes is not None else [None] * len(p))],
     )

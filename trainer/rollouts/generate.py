@@ -49,6 +49,15 @@ class Episodes:
     loss_mask: list[list[int]] | None = None
     gen_s: float = 0.0                    # seconds in the engine
     score_s: float = 0.0                  # seconds decoding and scoring
+    # Multi-turn episodes (trainer.rollouts.multiturn); empty lists for single-turn samples.
+    messages: list[list[dict]] = field(default_factory=list)  # per sample: the transcript
+    turns: list[int] = field(default_factory=list)            # per sample: model turns
+    tool_calls: list[int] = field(default_factory=list)       # per sample: tool calls answered
+    tool_errors: list[int] = field(default_factory=list)      # per sample: of which failed
+    budget_truncated: list[bool] = field(default_factory=list)  # per sample: ended by max_total_tokens
+    infos: list[dict] = field(default_factory=list)           # per sample: the environment's info, error
+    env_errors: int = 0                   # trajectories the environment itself broke (reward 0)
+    env_s: float = 0.0                    # seconds awaiting the environment
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -76,7 +85,15 @@ class Episodes:
                         correct=torch.tensor(self.correct, dtype=torch.bool),
                         extras={f"reward/{k}": torch.tensor(v, dtype=torch.float32)
                                 for k, v in self.sub_rewards.items()},
-                        loss_mask=self.loss_mask)
+                        loss_mask=self.loss_mask, episodes=self.episode_rows())
+
+    def episode_rows(self) -> list[dict] | None:
+        """Per sample, what the stored samples show of a multi-turn episode (None: single-turn)."""
+        if not self.messages:
+            return None
+        return [{"messages": m, "turns": t, "tool_calls": c, "tool_errors": e, "info": i}
+                for m, t, c, e, i in zip(self.messages, self.turns, self.tool_calls, self.tool_errors,
+                                         self.infos or [{}] * len(self.messages))]
 
 
 def generate_and_score(engine: Any, tokenizer: Any, scorer: Any, prompts: list[list[int]],
