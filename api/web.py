@@ -1,6 +1,6 @@
-"""The browser dashboard: six static pages and their assets, served by the API itself.
+"""The browser dashboard: seven static pages and their assets, served by the API itself.
 
-The pages (`/`, `/jobs/{id}`, `/compare`, `/submit`, `/probes/{id}`, `/webhooks`) are one shell (`dashboard/shell.html`)
+The pages (`/`, `/jobs/{id}`, `/compare`, `/submit`, `/probes/{id}`, `/evaluations/{id}`, `/webhooks`) are one shell (`dashboard/shell.html`)
 around each page's body (`dashboard/pages/`); their scripts talk to the public `/v1` API with the key the user typed
 (kept in the tab's sessionStorage and sent as the bearer header), exactly like any other
 client, so there is no server-side session and no route here that reads data. Everything,
@@ -32,9 +32,10 @@ PAGE_HEADERS = {"Content-Security-Policy": CSP, "Referrer-Policy": "no-referrer"
 
 # url -> (page name: pages/<name>.html is its body, title, its scripts after the shared ones)
 PAGES = {"/": ("index", "Jobs", ("list.js",)),
-         "/jobs/{job_id}": ("job", "Job", ("samples.js", "job.js", "tryit.js", "continue.js")),
+         "/jobs/{job_id}": ("job", "Job", ("samples.js", "job.js", "tryit.js", "continue.js", "evaluate.js")),
          "/compare": ("compare", "Compare", ("compare.js",)), "/submit": ("submit", "Submit", ("submit.js", "playground.js")),
          "/probes/{probe_id}": ("probe", "Probe", ("probe.js",)),
+         "/evaluations/{evaluation_id}": ("evaluation", "Evaluation", ("evaluation.js",)),
          "/webhooks": ("webhooks", "Webhooks", ("webhooks.js",))}
 
 
