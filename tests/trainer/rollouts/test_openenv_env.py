@@ -344,3 +344,45 @@ def test_a_hanging_server_is_a_bounded_error(server):
     finally:
         env.close()
         env.close()                                        # twice is harmless
+
+
+@pytest.mark.integration  # warm-starts builtin:tiny (shared with the loop tests): minutes on 2 cores
+@pytest.mark.timeout(900)
+def test_the_driver_plays_the_server_with_the_tiny_model(server):
+    """`run_episodes` with the HF engine on builtin:tiny against the real server: each
+    trajectory opens with the game's prompt, the server answers every model turn, its rewards
+    are the trajectory's, and the server's tokens carry no loss."""
+    from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
+    from trainer.evaluate import opened
+    from trainer.rollouts import SamplingConfig
+    from trainer.rollouts.multiturn import run_episodes
+    from trainer.spec import JobSpec
+
+    job = JobSpec.model_validate({"name": "openenv-driver", "seed": SHARED_SEED, "task": shared_task(),
+                                  "rollout": {"engine": "hf", "max_new_tokens": 24,
+                                              "schedule": [{"n": 4, "prompts_per_step": 2, "steps": 1}]}})
+    prebuild(job)
+    env = oe.build(spec(train_size=2, eval_size=0), settings=settings_for(server), tag="job-drv")
+    examples = oe.task(spec(train_size=2, eval_size=0), settings_for(server), seed=3).train
+    try:
+        with opened(job, prompts=1, max_num_seqs=8) as ctx:
+            eps = run_episodes(ctx.engine, ctx.tokenizer, env, ctx.scorer, examples,
+                               SamplingConfig(n=4, max_new_tokens=8, seed=3), max_turns=3,
+                               max_total_tokens=200, reward_mode="env")
+    finally:
+        env.close()
+    assert len(eps) == 8 and eps.env_errors == 0, eps.infos
+    assert eps.prompt_index == [0] * 4 + [1] * 4
+    hints = {"higher", "lower", "not a number", "correct"}
+    for i in range(8):
+        msgs = eps.messages[i]
+        assert msgs[0] == {"role": "user", "content": "I picked a number from 1 to 100. Guess it."}
+        assert [m["role"] for m in msgs[1:]] == ["assistant", "user"] * eps.turns[i]
+        assert all(m["content"] in hints for m in msgs[2::2])
+        steps = eps.turns[i]
+        solved = msgs[-1]["content"] == "correct"
+        assert eps.rewards[i] == pytest.approx(-0.1 * (steps - solved) + 1.0 * solved)
+        mask = eps.loss_mask[i]
+        assert len(mask) == len(eps.completion_ids[i]) and 0 < sum(mask) < len(mask)
+        assert all(lp == 0.0 for lp, m in zip(eps.logprobs[i], mask) if m == 0)
+    assert max(eps.turns) == 3 and eps.env_s > 0
