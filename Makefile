@@ -24,8 +24,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
 	@echo "[2/3] brorl and its dependencies (a few minutes on a fresh machine; log: $(VENV)/install.log)"
-	@set -o pipefail; $(PY) -m pip install --progress-bar off -c constraints.txt -e '.[cpu,dev,ray]' 2>&1 \
+	@set -o pipefail; $(PY) -m pip install --progress-bar off -c constraints.txt -e '.[cpu,dev,ray,agents]' 2>&1 \
 		| tee $(VENV)/install.log | $(PIP_PROGRESS) \
+		|| { echo "pip failed; the end of $(VENV)/install.log:"; tail -n 30 $(VENV)/install.log; exit 1; }
+	@# The agents extra's two packages whose dependency lists pip cannot satisfy here (constraints.txt).
+	@$(PY) -m pip install -q --no-deps -c constraints.txt verifiers==0.3.1 openai-agents==0.23.1 >>$(VENV)/install.log 2>&1 \
 		|| { echo "pip failed; the end of $(VENV)/install.log:"; tail -n 30 $(VENV)/install.log; exit 1; }
 	@echo "[3/3] removing $(UNWANTED)"
 	@$(PY) -m pip uninstall -y -q $(UNWANTED) >/dev/null 2>&1 || true
