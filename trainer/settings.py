@@ -6,11 +6,13 @@ operator. Read fresh on each call, so a test or a worker can change them between
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PREFIX = "BRORL_"
 
@@ -22,6 +24,8 @@ PREFIX = "BRORL_"
 LAUNCHERS: dict[str, str] = {"local": "trainer.distributed.local:LocalLauncher",
                              "ray": "trainer.distributed.ray_launcher:RayLauncher"}
 DEFAULT_LAUNCHER = "local"
+# A verifiers environment id (`vf.load_environment`'s): a package name, optionally "owner/name".
+_ENV_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,99})?")
 
 
 class TrainerSettings(BaseSettings):
@@ -44,6 +48,24 @@ class TrainerSettings(BaseSettings):
     # Read (and checked) by trainer.rollouts.environments.openenv_env, which stays unimported here.
     openenv_servers: str = Field("", description='JSON {"name": "http://host:port" or {"url", ...}}: '
                                  "the OpenEnv servers a job may name in task.env.name")
+    ray_shrink_after_s: float = Field(60.0, ge=0, description="how long a job with resources.min_nodes "
+                                      "waits for all its nodes before it runs on fewer, when fewer exist")
+
+    # Multi-turn environments (trainer/rollouts/environments/verifiers_env.py).
+    environments: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="comma list of the installed verifiers environment ids a job's task.env may name")
+
+    @field_validator("environments", mode="before")
+    @classmethod
+    def _environment_ids(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = [part.strip() for part in v.split(",") if part.strip()]
+        if isinstance(v, (list, tuple)):
+            for env_id in v:
+                if not isinstance(env_id, str) or not _ENV_ID.fullmatch(env_id):
+                    raise ValueError(f"{env_id!r} is not an environment id (letters, digits, and . _ - /)")
+            return tuple(dict.fromkeys(v))
+        return v
 
     @field_validator("launcher")
     @classmethod
