@@ -177,9 +177,10 @@ def _carries_on(tools, episode, reply, needle):
     (("python", {"code": "import os\nos._exit(3)"}), "exited with status 3"),
     (("python", {"code": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"}),
      "PermissionError"),
-    (("python", {"code": "import signal\nsignal.setitimer(signal.ITIMER_REAL, 0)\n"
-                         "while True:\n    try:\n        pass\n    except BaseException:\n"
-                         "        pass"}), "killed"),
+    pytest.param(("python", {"code": "import signal\nsignal.setitimer(signal.ITIMER_REAL, 0)\n"
+                                     "while True:\n    try:\n        pass\n"
+                                     "    except BaseException:\n        pass"}), "killed",
+                 marks=pytest.mark.slow),  # killed by the server's deadline: 5 s
     (("python", {"code": "class Slow:\n    def __repr__(self):\n        while True: pass\n"
                          "Slow()"}), "over 1 s"),
 ])
@@ -189,6 +190,7 @@ def test_a_failing_call_answers_with_an_error(tools, call, needle):
     _carries_on(tools, episode, reply, needle)
 
 
+@pytest.mark.slow  # killed by the server's deadline: 5 s
 def test_a_hang_that_ignores_signals_is_killed(tools):
     episode = tools.episode()
     reply, = tools.turn((episode, [("python", {"code": "sum(range(10**12))"})]))

@@ -194,6 +194,8 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._closed = False
         self._cancel = threading.Event()
+        self._batches = 0                     # maps in flight (close() waits them out)
+        self._quiet = threading.Condition(self._lock)
         # bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that
         # started it ends: servers are started from this one long-lived thread, not from
         # a batch's short-lived workers (whose exit would SIGKILL them after every batch).
@@ -274,8 +276,18 @@ class SandboxPool:
 
         `stop_check` is called every POLL_S while the batch runs; whatever it raises (the
         trainer's StopRequested) kills this pool's servers and is raised from here."""
-        if self._closed:
-            raise RuntimeError("sandbox pool is closed")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("sandbox pool is closed")
+            self._batches += 1
+        try:
+            return self._map(payloads, make_request, item_timeout_s, chunk, stop_check)
+        finally:
+            with self._lock:
+                self._batches -= 1
+                self._quiet.notify_all()
+
+    def _map(self, payloads, make_request, item_timeout_s, chunk, stop_check) -> list[dict]:
         results: list = [None] * len(payloads)
         indexed = list(enumerate(payloads))
         per = max(1, min(chunk, -(-len(indexed) // self.size)))
@@ -305,7 +317,8 @@ class SandboxPool:
         except BaseException:
             self._stop_all(threads)
             raise
-        return results
+        # Only a close() during the batch leaves an item unanswered.
+        return [{"fault": "the sandbox pool was closed"} if r is None else r for r in results]
 
     def _stop_all(self, threads: list[threading.Thread]) -> None:
         """Kill every server (their waits end at once) and let the batch's threads go. A
@@ -326,8 +339,25 @@ class SandboxPool:
             self._discard(server)
         self._cancel.clear()
 
-    def close(self) -> None:
-        self._closed = True
+    def close(self, wait_s: float = 30.0) -> None:
+        """Kill every server; nothing of the pool runs once this returns. A batch still in
+        flight (another thread's `map`) is stopped first: its servers' processes are killed
+        (its reads end), it takes no more work, and it returns a fault for every item it
+        had not answered; the pipes are closed after it is out (never under a reader)."""
+        with self._lock:
+            self._closed = True
+            if self._batches:
+                self._cancel.set()
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._lock:
+                servers = list(self._all)
+                if not self._batches or time.monotonic() >= deadline:
+                    break
+            for server in servers:
+                server.kill_processes()
+            with self._lock:
+                self._quiet.wait(POLL_S / 4)
         with self._lock:
             servers, self._all = list(self._all), []
         for server in servers:

@@ -75,7 +75,7 @@ from trainer.rollouts.environments.tool_schema import (
 MAX_CONTENT_CHARS = 4096        # what the model reads of one tool answer
 MAX_CALLS_PER_TURN = 16         # further calls of one turn are answered with an error
 REWARD_FUNCTION = "_reward"
-DEFAULT_POOL_SIZE = 4
+MAX_POOL_SIZE = 16              # sandboxes of one environment by default: one per CPU, 2 .. 16
 GRACE_S = 5.0                   # past the server's own deadline, before the pool gives up
 
 
@@ -137,8 +137,10 @@ class ToolsEnvironment:
         self.timeout_s = float(min(_get(env_spec, "tool_timeout_s", 10.0) or 10.0,
                                    self.limits.timeout_s))
         self.template = _get(task, "prompt_template")
+        # A turn's calls wait on the slowest server's share: as many sandboxes as CPUs
+        # (calls that hang on a timer hold a server without using its CPU).
         size = pool_size or _get(settings, "tool_sandboxes") or min(
-            DEFAULT_POOL_SIZE, os.cpu_count() or 1)
+            MAX_POOL_SIZE, max(2, os.cpu_count() or 1))
         self.tag = tag
         self.pool = SandboxPool("tools", int(size), self.limits, tag)
         self._queues: dict[Any, list] = {}
@@ -196,7 +198,7 @@ class ToolsEnvironment:
             return self.pool.map(items, lambda chunk: {"items": chunk,
                                                        "timeout_s": self.timeout_s,
                                                        "cap_s": self.limits.timeout_s},
-                                 item_timeout_s=wait, chunk=8)
+                                 item_timeout_s=wait, chunk=4)
 
 
 def _tool_message(call: ToolCall | None, content: str) -> Message:
@@ -246,7 +248,7 @@ class ToolsEpisode:
         """(content, failed) of one call."""
         schema = self.env._schemas.get(call.name)
         if schema is None:
-            return _error_text(f"no tool named {call.name!r}; the tools are "
+            return _error_text(f"no tool named {call.name[:100]!r}; the tools are "
                                f"{', '.join(self.env._schemas)}"), True
         why = validate_arguments(schema, call.arguments)
         if why is not None:
@@ -254,7 +256,8 @@ class ToolsEpisode:
         interpreter = self.env.code_interpreter and call.name == PYTHON_TOOL
         result = await self.env.run(self._item(call.name, call.arguments,
                                                interpreter=interpreter))
-        if "fault" in result:
+        if not isinstance(result, dict) or "fault" in result:
+            result = result if isinstance(result, dict) else {"fault": "no answer"}
             return _error_text(f"the tool's sandbox failed: {result['fault']}"), True
         error = result.get("error")
         if error in (None, "raised"):
