@@ -19,7 +19,7 @@ from trainer.rollouts.environments.base import AssistantTurn, Episode, Environme
 from trainer.settings import trainer_settings
 
 ENVS = Path(__file__).resolve().parents[2] / "support" / "vf_envs"
-LISTED = "vf-guess,vf-calc,vf-broken"
+LISTED = "vf-guess,vf-calc,vf-broken,vf-single"
 SETTINGS = {"environments": LISTED}
 
 
@@ -248,6 +248,20 @@ def test_episodes_run_concurrently_and_across_event_loops(guess):
     assert rewards == [1.0] * 4
     run_all([e.close() for e in episodes])
     assert not env._episodes
+
+
+def test_a_single_turn_env_ends_after_the_first_turn():
+    env = ve.build(vspec("vf-single"), settings=SETTINGS)
+    task = ve.task(vspec("vf-single"), SETTINGS, 0)
+    try:
+        ex = task.train[0]
+        _, replies, reward = run(play(env, ex, [f"It is {ex.answer}", "unused"]))
+        assert len(replies) == 1 and replies[0].done and replies[0].messages == []
+        assert replies[0].info["stop_condition"] == "max_turns_reached" and reward == 1.0
+        _, _, reward = run(play(env, ex, ["no idea"]))
+        assert reward == 0.0
+    finally:
+        env.close()
 
 
 # ----------------------------------------------------------------------------- a ToolEnv
