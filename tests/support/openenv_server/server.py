@@ -5,7 +5,8 @@ Run with a Python that has openenv-core (tests/support/openenv_server/__init__.p
 Imports nothing of this project: it stands for a server someone else wrote.
 
 The game: reset(seed) draws a secret from 1 to 100 (random.Random(seed)); each step's `guess` is
-answered "higher", "lower" or "correct"; a correct guess pays 1.0 and ends the episode; every
+answered "higher", "lower" or "correct" (a `question` given to reset is the opening instead
+of the default one); a correct guess pays 1.0 and ends the episode; every
 other step pays -0.1, and the seventh wrong guess ends it. The observation has one text field
 (`message`) and a number (`guesses_left`), as echo_env's has, so a text mapping works unset.
 
@@ -55,12 +56,12 @@ class GuessEnvironment(Environment[GuessAction, GuessObservation, State]):
         self.flaked = False
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None,
-              low: int = 1, high: int = 100, **kwargs: Any) -> GuessObservation:
+              low: int = 1, high: int = 100, question: Optional[str] = None, **kwargs: Any) -> GuessObservation:
         self.secret = random.Random(seed).randint(low, high)
         self.low, self.high = low, high
         self.wrong = 0
         self._state = State(episode_id=episode_id, step_count=0)
-        return GuessObservation(message=f"I picked a number from {low} to {high}. Guess it.",
+        return GuessObservation(message=question or f"I picked a number from {low} to {high}. Guess it.",
                                 guesses_left=MAX_WRONG)
 
     def step(self, action: GuessAction, timeout_s: Optional[float] = None, **kwargs: Any) -> GuessObservation:

@@ -11,6 +11,7 @@ import json
 import random
 import time
 import uuid
+import zlib
 
 import pytest
 
@@ -163,6 +164,25 @@ def test_reset_arguments_and_the_last_reward(server):
         done = await ep.step(turn("5"))   # the secret is 5 whatever the seed: low=high=5
         assert done.done and done.reward == 1.0 and await ep.finish([]) == 1.0
         await ep.close()
+    try:
+        run(go())
+    finally:
+        env.close()
+
+
+def test_an_example_of_the_jobs_own_task_is_posed_by_its_text(server):
+    """With task.reasoning_gym or task.dataset, reset gets the question and a seed drawn from it."""
+    env = oe.build(spec(), settings=settings_for(server), tag="job-13")
+    question = Example(question="Guess my number, it is below 100.", answer="", payload={"row": 1})
+    target = secret(zlib.crc32(question.question.encode()) % 2**31)
+
+    async def go():
+        eps = [env.episode(question, i) for i in range(2)]
+        openings = await asyncio.gather(*(ep.start() for ep in eps))
+        assert openings == [[{"role": "user", "content": question.question}]] * 2
+        replies = await asyncio.gather(*(ep.step(turn(str(target))) for ep in eps))
+        assert all(r.done and r.reward == 1.0 for r in replies)    # one secret for the N samples
+        await asyncio.gather(*(ep.close() for ep in eps))
     try:
         run(go())
     finally:

@@ -54,6 +54,7 @@ import random
 import re
 import threading
 import time
+import zlib
 from concurrent.futures import Future
 from typing import Any, Awaitable, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -301,7 +302,12 @@ class _Session:
         if self.ws is None:
             raise _Lost("the session was abandoned by an earlier request")
         try:
-            await self.ws.send(json.dumps(message))
+            try:
+                await self.ws.send(json.dumps(message))
+            except ConnectionClosed:
+                # A server that refuses a session (no capacity) says why and closes at once,
+                # maybe before this send: its reason is still there to read.
+                pass
             raw = await asyncio.wait_for(self.ws.recv(), timeout=self.cfg.timeout_s)
         except asyncio.CancelledError:
             # The caller gave up (the driver's own deadline): an answer may still come, and
@@ -376,7 +382,12 @@ class OpenEnvEpisode:
 
     def __init__(self, env: "OpenEnvEnvironment", example: Example, sample: int):
         self.env, self.cfg = env, env.cfg
-        self.seed = int(example.payload["seed"])
+        # An example of the server's own task carries its reset seed; one of the job's
+        # reasoning_gym or dataset task is posed by its text, with a seed drawn from that text.
+        payload = getattr(example, "payload", None) or {}
+        own = isinstance(payload.get("seed"), int) and payload.get("openenv") == env.name
+        self.seed = payload["seed"] if own else zlib.crc32(str(example.question).encode()) % SEED_RANGE
+        self.extra = {} if own else {"question": str(example.question)}
         self.episode_id = f"{env.tag}:{self.seed}:{sample}"[:255]
         self.session = _Session(env.name, env.cfg)
         self.rewards: list[float] = []
@@ -390,7 +401,8 @@ class OpenEnvEpisode:
 
     async def _start(self) -> dict[str, Any]:
         self.env.sessions.add(self.session)
-        payload = {"type": "reset", "data": {**self.env.reset_args, "seed": self.seed, "episode_id": self.episode_id}}
+        payload = {"type": "reset", "data": {**self.env.reset_args, **self.extra, "seed": self.seed,
+                                                "episode_id": self.episode_id}}
 
         async def attempt() -> dict[str, Any]:
             await self.session.close()   # a fresh session for each try: a failed one holds nothing
