@@ -205,3 +205,91 @@ def test_malformed_calls_are_answered_without_a_sandbox(env):
     assert (episode.tool_calls, episode.tool_errors) == (4, 4)
     assert env.pool._all == [], "a malformed call started a sandbox"
     assert asyncio.run(episode.finish([])) is None
+
+
+class _Scripted:
+    """The model's turns as text, `script(context_text, sample)`; EOS appended."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script = tok, script
+
+    def generate(self, prompts, sampling):
+        from trainer.rollouts import Generation
+
+        out = Generation(prompt_index=[], token_ids=[], logprobs=[], finished=[])
+        for p, prompt in enumerate(prompts):
+            for j in range(sampling.n):
+                ids = self.tok(self.script(self.tok.decode(prompt), j),
+                               add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+                out.prompt_index.append(p)
+                out.token_ids.append(ids[:sampling.max_new_tokens])
+                out.logprobs.append([-1.0] * len(ids[:sampling.max_new_tokens]))
+                out.finished.append(len(ids) <= sampling.max_new_tokens)
+        return out
+
+
+class _Scorer:
+    def score(self, texts, examples, truncated):
+        from types import SimpleNamespace
+
+        correct = [f"<answer>{ex.answer}</answer>" in t for t, ex in zip(texts, examples)]
+        return SimpleNamespace(rewards=[float(c) for c in correct], correct=correct,
+                               scores=[float(c) for c in correct])
+
+
+def test_run_episodes_with_the_real_sandbox():
+    """The multi-turn driver over this environment (a scripted model, a Qwen3-like template,
+    the real sandbox): the tool answers reach the model's context, each trajectory keeps its
+    own interpreter state, a bad call is an error the episode survives, the answer is scored,
+    and nothing of the environment is left running after close()."""
+    import re
+
+    from tests.support.chat_tokenizers import chat_tokenizer
+    from trainer.graders.sandbox.layer import SandboxUnavailable
+    from trainer.graders.sandbox.pool import processes_with
+    from trainer.rollouts import SamplingConfig
+    from trainer.rollouts.environments.tools_env import build
+    from trainer.rollouts.multiturn import run_episodes
+
+    def call(name, **arguments):
+        import json
+        return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+
+    def script(ctx, j):
+        turn = ctx.count("<|im_start|>assistant") - 1
+        a, b = map(int, re.findall(r"(\d+)\+(\d+)", ctx)[0])
+        if turn == 0:  # the one turn sampled n = N at once: j tells the trajectories apart
+            return call("add", a=a, b=b) + call("python", code=f"x = {j}")
+        if turn == 1:
+            return call("add", a="oops", b=1)
+        if turn == 2:
+            return call("python", code="print(x)")
+        answers = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", ctx, re.S)
+        return f"x was {answers[-1].strip()} <answer>{answers[0]}</answer>"
+
+    tok = chat_tokenizer()
+    tag = "brorl-tools-driver-" + uuid.uuid4().hex
+    try:
+        env = build({"tools": "def add(a: int, b: int) -> int:\n    '''Add.'''\n    return a + b\n",
+                     "code_interpreter": True, "tool_timeout_s": 5}, tag=tag)
+    except SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+    examples = [Example("What is 40+2?", "42"), Example("What is 7+5?", "12")]
+    try:
+        eps = run_episodes(_Scripted(tok, script), tok, env, _Scorer(), examples,
+                           SamplingConfig(n=2, max_new_tokens=200), max_turns=6,
+                           max_total_tokens=4000, reward_mode="grader")
+    finally:
+        env.close()
+    assert processes_with(tag) == []
+    assert eps.env_errors == 0, eps.infos
+    assert eps.rewards == [1.0] * 4
+    assert eps.turns == [4] * 4 and eps.tool_calls == [4] * 4 and eps.tool_errors == [1] * 4
+    assert [t.split(" <")[0] for t in eps.texts] == ["x was 0", "x was 1"] * 2
+    msgs = eps.messages[1]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "tool", "assistant", "tool",
+                                         "assistant", "tool", "assistant"]
+    assert msgs[2]["content"] == "42" and msgs[2]["name"] == "add"
+    assert msgs[2]["tool_call_id"] == msgs[1]["tool_calls"][0]["id"]
+    assert msgs[5]["content"] == "error: bad argument for add: a must be integer, not string"
+    assert msgs[7]["content"] == "1\n"

@@ -85,6 +85,11 @@ def _get(spec: Any, name: str, default: Any = None) -> Any:
     return getattr(spec, name, default)
 
 
+def _reward_mode(env_spec: Any) -> str:
+    """The spec's reward as run (EnvSpec.reward_mode: null is grader for tools)."""
+    return _get(env_spec, "reward_mode") or _get(env_spec, "reward") or "grader"
+
+
 def _defines(source: str | None, name: str) -> bool:
     if not source:
         return False
@@ -103,9 +108,8 @@ def check(env_spec: Any) -> list[dict[str, Any]]:
     timeout = _get(env_spec, "tool_timeout_s", 10.0)
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ToolSourceError("tool_timeout_s must be a positive number of seconds")
-    if _get(env_spec, "reward", "grader") in ("env", "sum") and not _defines(
-            source, REWARD_FUNCTION):
-        raise ToolSourceError(f"reward: {_get(env_spec, 'reward')} needs the tools source to "
+    if _reward_mode(env_spec) in ("env", "sum") and not _defines(source, REWARD_FUNCTION):
+        raise ToolSourceError(f"reward: {_reward_mode(env_spec)} needs the tools source to "
                               f"define {REWARD_FUNCTION}(messages) returning a number (the "
                               "built-in tools environment has no reward of its own)")
     return tools
@@ -132,7 +136,7 @@ class ToolsEnvironment:
         self._schemas = {t["function"]["name"]: t for t in self.tools}
         self.source: str | None = _get(env_spec, "tools")
         self.code_interpreter = bool(_get(env_spec, "code_interpreter", False))
-        self.reward_mode = _get(env_spec, "reward", "grader") or "grader"
+        self.reward_mode = _reward_mode(env_spec)
         self.limits = limits or Limits.from_env()
         self.timeout_s = float(min(_get(env_spec, "tool_timeout_s", 10.0) or 10.0,
                                    self.limits.timeout_s))
