@@ -158,6 +158,8 @@ class SamplePublic(_Public):
                                     "raised, timed out.")
     messages_dropped: int | None = Field(None, description="Messages at the transcript's end not "
                                          "stored (over 200,000 characters or 512 messages).")
+    env_error: str | None = Field(None, description="What broke the environment, when it broke the "
+                                  "episode (its reward is then 0 and nothing is learnt from it).")
     created_at: datetime
 
     @classmethod
@@ -166,6 +168,7 @@ class SamplePublic(_Public):
         env = row.env or {}
         fields = {name: getattr(row, name) for name in cls.model_fields if hasattr(row, name)}
         fields.update({k: env.get(k) for k in ("turns", "tool_calls", "tool_errors", "messages_dropped")})
+        fields["env_error"] = env.get("error")
         return cls.model_validate(fields)
 
 

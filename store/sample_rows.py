@@ -108,12 +108,15 @@ def _count(value: Any) -> int | None:
     return max(0, min(int(value), 2**31 - 1))
 
 
-def env_counts(row: dict[str, Any], dropped: int) -> dict[str, int] | None:
-    """The episode's counts ({"turns", "tool_calls", "tool_errors"}, and `messages_dropped`
-    when the transcript was cut); None for a single-turn sample."""
-    counts = {k: c for k in COUNTS if (c := _count(row.get(k))) is not None}
+def env_counts(row: dict[str, Any], dropped: int) -> dict[str, Any] | None:
+    """The episode's counts ({"turns", "tool_calls", "tool_errors"}, `messages_dropped` when
+    the transcript was cut) and `error`, what broke the environment when it broke; None for a
+    single-turn sample."""
+    counts: dict[str, Any] = {k: c for k in COUNTS if (c := _count(row.get(k))) is not None}
     if dropped:
         counts["messages_dropped"] = dropped
+    if row.get("env_error"):
+        counts["error"] = _text(row["env_error"], MAX_TEXT_CHARS)
     return counts or None
 
 

@@ -61,6 +61,9 @@ window.SamplesTable = (jobId) => {
     return el("div", { class: "transcript" }, counts,
       ...s.messages.map((m) => message(m, m.role === "assistant" ? ++turn : turn)),
       s.messages_dropped ? el("div", { class: "muted", text: `${plural(s.messages_dropped, "later message")} not stored (size cap)` }) : null,
+      s.env_error ? el("div", { class: "turn turn-error env-error" },
+        el("div", { class: "turn-head" }, el("span", { class: "turn-error-label", text: "the environment broke the episode" })),
+        el("pre", { class: "sample-text", text: s.env_error })) : null,
       el("div", { class: "turn turn-reward" }, `reward ${fmt(s.reward)}`, s.correct ? " ✓" : " ✗",
         s.truncated ? " · cut by the token budget" : ""));
   }

@@ -43,7 +43,11 @@ def rows(step: int) -> list[dict]:
              "messages": transcript(step), "turns": 3, "tool_calls": 2, "tool_errors": 1}
     single = {"prompt": "What is 2 + 2?", "completion": "5", "reward": 0.0, "correct": False,
               "truncated": False, "advantage": -0.5, "sub_rewards": {}}
-    return [multi, single]
+    broken = {"prompt": "What is 1 + 1?", "completion": "", "reward": 0.0, "correct": False,
+              "truncated": False, "advantage": -0.5, "sub_rewards": {},
+              "messages": transcript(step)[:3], "turns": 1, "tool_calls": 1, "tool_errors": 0,
+              "env_error": f"ConnectionError: the server went away {HOSTILE}"}
+    return [multi, single, broken]
 
 
 def train(spec, sink, should_stop: Callable[[], bool], resume: Path | None = None, *,

@@ -2,7 +2,8 @@
 samples table shows a stored episode turn by turn (the opening messages, the model's turns with
 their tool calls and arguments, the tool results, the failed call highlighted, the reward),
 tool output that looks like markup stays text, a single-turn sample beside it stays plain, and
-the episode charts (turns, tool calls, tool errors, budget cuts, environment seconds) appear.
+the episode charts (turns, tool calls, tool errors, budget cuts, environment seconds) appear; an
+episode the environment broke shows what broke it.
 
 The stack's trainer is the double `tests/dashboard/agent_trainer.py`, which reports what the
 multi-turn trainer reports; worker, sink, store, API and page are the real ones.
@@ -67,5 +68,10 @@ def test_a_multi_turn_sample_reads_turn_by_turn_and_the_episode_charts_appear(st
     single = page.locator("#samples tbody tr[data-idx='1']")
     expect(single.locator(".transcript")).to_have_count(0)
     expect(single.locator("td").last).to_have_text("5")
+    # An episode the environment broke says so, in the failed colour, as text.
+    broken = page.locator("#samples tbody tr[data-idx='2']")
+    expect(broken.locator(".env-error")).to_contain_text("the environment broke the episode")
+    expect(broken.locator(".env-error pre")).to_have_text(f"ConnectionError: the server went away {HOSTILE}")
+    assert page.locator("#samples img, #samples script").count() == 0
     multi.scroll_into_view_if_needed()
     shot(page, "agent-sample.png", full_page=True)

@@ -57,6 +57,12 @@ def test_a_transcript_round_trips_and_single_turn_rows_stay_null(session: Sessio
     assert first.messages[3] == {"role": "tool", "content": "777777", "tool_call_id": "call_0", "name": "add"}
     assert first.messages[5]["error"] is True and "error" not in first.messages[3]
     assert single.messages is None and single.env is None
+    broken = _row(0.0, messages=TRANSCRIPT[:2], turns=0, tool_calls=0, tool_errors=0,
+                  env_error="RuntimeError: boom\x00" + "x" * 30_000)
+    jobs.record_samples(session, job.id, attempt, 2, [broken], 10**6)
+    session.commit()
+    (row,) = jobs.list_samples(session, tenant.id, job.id, step=2)
+    assert row.env["error"].startswith("RuntimeError: boom\ufffdx") and len(row.env["error"]) == 20_000
     assert first.bytes == 2 + len(json.dumps(first.messages, ensure_ascii=False).encode())
 
 
