@@ -37,8 +37,9 @@ tenant's never share a server. Why replay rather than a child kept alive per tra
 - the cost is re-running earlier calls, bounded by `max_turns` and given its own time budget
   (twice the earlier calls' measured time, plus a second); tool calls are typically
   milliseconds. Calls that timed out, crashed their process or hit the output cap are not
-  replayed (their effects are undefined). What does not replay exactly: the clock, and work
-  whose result depends on set iteration order of strings across servers.
+  replayed (their effects are undefined). What does not replay exactly: the clock, other
+  random generators (numpy's: seed them in the tools source), and work whose result depends
+  on the iteration order of a set of strings (each server has its own hash seed).
 
 Errors. A malformed call (the driver's parse error, an unknown tool, arguments that are not
 a JSON object or do not fit the schema: checked here, before any sandbox trip), a tool that
