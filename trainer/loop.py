@@ -34,7 +34,8 @@ def _due(every: int, step: int) -> bool:
 
 def _eval_context(run: Run) -> EvalContext:
     """The run's engine and scorer over the eval split: what evaluation and the probe sample."""
-    return EvalContext(run.engine, run.tokenizer, run.scorer, run.task.eval, run.eval_ids)
+    return EvalContext(run.engine, run.tokenizer, run.scorer, run.task.eval, run.eval_ids, env=run.env,
+                       max_context=run.max_seq_len)
 
 
 def _evaluate(run: Run, sink: MetricsSink, step: int) -> dict[str, float]:

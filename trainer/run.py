@@ -79,10 +79,16 @@ class Run:
     grader_watch: GraderErrorWatch = field(default_factory=GraderErrorWatch)  # (not resumed)
     progress: PhaseProgress = field(default_factory=no_progress)  # long phases' `progress` events
     difficulty: DifficultyFilter | None = None   # algo.difficulty_filter's retired prompts
+    env: object | None = None                    # task.env's Environment, built once per job
+    max_seq_len: int | None = None               # the engine's longest sequence (an episode's bound)
 
     def close(self) -> None:
-        self.scorer.close()
-        self.engine.close()
+        try:
+            if self.env is not None:
+                self.env.close()  # its sandboxes, sessions and servers: nothing left running
+        finally:
+            self.scorer.close()
+            self.engine.close()
 
 
 def spec_sha256(spec: JobSpec) -> str:
@@ -208,7 +214,43 @@ def _built_task(spec: JobSpec, dataset_path: Path | None, stop_check: Callable[[
                 progress: PhaseProgress) -> Task:
     """The spec's task, built inside a `task` phase (a large dataset or generator takes a while)."""
     with progress.phase(Phase.task, "building the task's training and eval examples"):
-        return build_task(spec.task, spec.seed, dataset_path, stop_check=stop_check)
+        return job_task(spec, dataset_path, stop_check)
+
+
+def job_task(spec: JobSpec, dataset_path: Path | None = None, stop_check: Callable[[], None] = never) -> Task:
+    """The spec's examples: its reasoning-gym task or dataset, else (a task.env of type verifiers
+    or openenv with neither) the environment's own."""
+    t = spec.task
+    if t.env is not None and t.reasoning_gym is None and t.dataset is None:
+        from trainer.rollouts.environments import environment_task
+
+        return environment_task(t.env, trainer_settings(), spec.seed)
+    return build_task(t, spec.seed, dataset_path, stop_check=stop_check)
+
+
+def job_environment(spec: JobSpec, out_dir: Path | None = None):
+    """The job's multi-turn `Environment` (None without task.env); the caller closes it."""
+    if spec.task.env is None:
+        return None
+    from trainer.rollouts.environments import build_environment
+
+    tag = "brorl-" + "".join(c for c in (Path(out_dir).name if out_dir else spec_sha256(spec)[:12])
+                             if c.isalnum() or c in "-_")[:40]
+    return build_environment(spec.task.env, task=spec.task, settings=trainer_settings(), tag=tag)
+
+
+def env_budget(spec: JobSpec) -> int:
+    """An episode's completion tokens, the model's and the environment's (task.env.max_total_tokens,
+    else rollout.max_new_tokens); a single-turn completion's otherwise."""
+    env = spec.task.env
+    if env is None or env.max_total_tokens is None:
+        return spec.rollout.max_new_tokens
+    return env.max_total_tokens
+
+
+# An env's opening (its messages through the chat template, with the tools' schemas) is longer
+# than the task's single-turn prompt; the engine's sequences get this much room beyond it.
+ENV_PROMPT_ROOM = 2048
 
 
 @dataclass
@@ -300,6 +342,10 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     train_ids = encode_prompts(tokenizer, task.train, template)
     eval_ids = encode_prompts(tokenizer, task.eval, template)
     max_len = max(len(p) for p in train_ids + eval_ids) + spec.rollout.max_new_tokens
+    if spec.task.env is not None:  # an episode: its opening, then model and environment tokens
+        max_len = max(len(p) for p in train_ids + eval_ids) + ENV_PROMPT_ROOM + env_budget(spec)
+        positions = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+        max_len = min(max_len, positions) if isinstance(positions, int) else max_len
     kind = spec.rollout.engine if spec.rollout.engine != "auto" else default_engine(device)
     with progress.phase(Phase.engine_start, f"starting the {kind} rollout engine"):
         engine = make_engine(spec.rollout.engine, models.source, models.engine_model, tokenizer,
@@ -310,6 +356,12 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
             engine.sync_weights(policy)  # a resume restored the sharded weights from dcp/
     budget = spec.algo.micro_batch_tokens
     micro = auto_micro_batch_tokens(policy, max_len) if budget == "auto" else int(budget)
+    try:
+        env = job_environment(spec, out_dir)
+    except BaseException:
+        scorer.close()
+        engine.close()
+        raise
     return Run(spec=spec, out_dir=Path(out_dir), device=device, task=task, model_dir=model_dir,
                tokenizer=tokenizer, policy=policy, ref=models.ref, optimizer=optimizer, engine=engine,
                scorer=scorer, stream=PromptStream(range(len(task.train)), spec.seed, state.data_cursor),
@@ -318,5 +370,5 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
                update_cfg=UpdateConfig.from_spec(spec, cdtype),
                advantage_fn=ADVANTAGES[spec.algo.advantage], stop_check=stop_check,
                plateau=Plateau(state.plateau_best, state.plateau_since), progress=progress,
-               difficulty=make_difficulty_filter(spec, len(task.train), state.difficulty),
+               difficulty=make_difficulty_filter(spec, len(task.train), state.difficulty), env=env, max_seq_len=max_len,
                **{name: getattr(state, name) for name in RESUMED_COUNTERS})

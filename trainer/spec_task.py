@@ -104,13 +104,105 @@ class DatasetTask(_Frozen):
         return DEFAULT_NUMERIC_TOLERANCE if self.numeric_tolerance is None else self.numeric_tolerance
 
 
+MAX_ENV_ARGS_BYTES = 16 * 1024
+MAX_TOOLS_SOURCE_CHARS = 100_000
+MAX_ENV_TURNS = 64
+MAX_ENV_TOTAL_TOKENS = 131_072
+ENV_TYPES_WITH_EXAMPLES = ("verifiers", "openenv")   # they supply prompts when the task gives none
+
+
+class EnvSpec(_Frozen):
+    """`task.env`: a multi-turn environment the model talks to (docs/agents.md)."""
+
+    type: Literal["tools", "verifiers", "openenv"] = Field(
+        ..., description="tools: your Python functions (and a code interpreter) as tools, run in the "
+        "sandbox; verifiers: an installed `verifiers` environment the operator lists; openenv: an "
+        "OpenEnv server the operator lists.")
+    name: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="verifiers: an environment id listed in BRORL_ENVIRONMENTS; openenv: a server "
+                    "name listed in BRORL_OPENENV_SERVERS (never a URL); tools: not used.")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"verifiers: load_environment(**args); openenv: extra JSON for every reset "
+                    f"(train_size, eval_size: how many examples). At most {MAX_ENV_ARGS_BYTES} bytes as JSON.")
+    tools: str | None = Field(
+        None, max_length=MAX_TOOLS_SOURCE_CHARS,
+        description="type tools: Python source defining the tool functions (type hints and the "
+                    "docstring give each tool's schema).")
+    code_interpreter: bool = Field(False, description="type tools: add a `python` tool that runs code "
+                                                      "in the sandbox and answers with what it printed.")
+    tool_timeout_s: float = Field(10.0, gt=0, le=600, description="One tool call's time limit in seconds.")
+    max_turns: int = Field(4, ge=1, le=MAX_ENV_TURNS, description="Model turns per episode.")
+    max_total_tokens: int | None = Field(
+        None, ge=1, le=MAX_ENV_TOTAL_TOKENS,
+        description="The whole episode's completion tokens, the model's and the environment's "
+                    "together; a trajectory that runs out is truncated. null: rollout.max_new_tokens. "
+                    "Each model turn writes at most rollout.max_new_tokens of it.")
+    reward: Literal["env", "grader", "sum"] | None = Field(
+        None, description="env: the environment's own reward; grader: task.grader (or the built-in "
+        "verifier) over the final transcript; sum: both added. null: env for verifiers and openenv, "
+        "grader for tools.")
+
+    @property
+    def reward_mode(self) -> str:
+        """The reward as run: `reward`, or the type's default."""
+        if self.reward is not None:
+            return self.reward
+        return "grader" if self.type == "tools" else "env"
+
+    @field_validator("args")
+    @classmethod
+    def _small_args(cls, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            size = len(json.dumps(args, allow_nan=False))
+        except (ValueError, TypeError, RecursionError):
+            raise ValueError("must be plain JSON without NaN or Infinity") from None
+        if size > MAX_ENV_ARGS_BYTES:
+            raise ValueError(f"is {size} bytes as JSON; at most {MAX_ENV_ARGS_BYTES}")
+        return args
+
+    @model_validator(mode="after")
+    def _fits_its_type(self) -> "EnvSpec":
+        if self.type == "tools":
+            if self.name is not None or self.args:
+                raise FieldError("task.env.name" if self.name is not None else "task.env.args",
+                                 "is not used by type tools: give the tools' source in task.env.tools")
+            if not self.tools and not self.code_interpreter:
+                raise FieldError("task.env.tools", "type tools needs tool functions (task.env.tools) "
+                                 "or code_interpreter: true")
+            self._check_tools()
+        else:
+            if self.name is None:
+                setting = "BRORL_ENVIRONMENTS" if self.type == "verifiers" else "BRORL_OPENENV_SERVERS"
+                raise FieldError("task.env.name", f"type {self.type} needs a name listed in {setting}")
+            for field in ("tools", "code_interpreter"):
+                if getattr(self, field):
+                    raise FieldError(f"task.env.{field}", f"is for type tools, not {self.type}")
+        return self
+
+    def _check_tools(self) -> None:
+        # The tenant's source is parsed (never run) here, so a bad tool is a 422 at submission.
+        from trainer.rollouts.environments.tools_env import ToolSourceError, check
+
+        try:
+            check(self)
+        except ToolSourceError as exc:
+            raise FieldError("task.env.tools", str(exc)) from None
+
+
 class TaskSpec(_Frozen):
     reasoning_gym: ReasoningGymTask | None = Field(
-        None, description="A generated reasoning-gym task. Give exactly one of reasoning_gym and dataset.")
+        None, description="A generated reasoning-gym task. Give exactly one of reasoning_gym and dataset "
+                          "(or neither, with a task.env of type verifiers or openenv).")
     dataset: DatasetTask | None = Field(
         None, description="An uploaded JSONL dataset: {prompt, answer} rows or OpenAI's RFT rows "
                           "{messages, ...} (docs/graders.md). Give exactly one of reasoning_gym "
-                          "and dataset.")
+                          "and dataset (or neither, with a task.env of type verifiers or openenv).")
+    env: EnvSpec | None = Field(
+        None, description="A multi-turn environment (tools, a verifiers environment, an OpenEnv "
+                          "server): each rollout is an episode of model turns and environment "
+                          "replies (docs/agents.md). null: single-turn.")
     prompt_template: str | None = Field(
         None, max_length=20_000,
         description="null: the default prompt asking for the answer inside <answer>...</answer> (a system "
@@ -149,8 +241,25 @@ class TaskSpec(_Frozen):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "TaskSpec":
-        if (self.reasoning_gym is None) == (self.dataset is None):
-            raise FieldError("task", "give exactly one of reasoning_gym or dataset")
+        if self.reasoning_gym is not None and self.dataset is not None:
+            raise FieldError("task", "give at most one of reasoning_gym or dataset")
+        if self.reasoning_gym is None and self.dataset is None:
+            if self.env is None or self.env.type not in ENV_TYPES_WITH_EXAMPLES:
+                raise FieldError("task", "give exactly one of reasoning_gym or dataset (only a task.env of "
+                                 "type verifiers or openenv brings its own examples)")
+        return self
+
+    @model_validator(mode="after")
+    def _env_reward(self) -> "TaskSpec":
+        if self.env is None:
+            return self
+        if self.env.reward_mode == "env" and self.grader is not None:
+            raise FieldError("task.grader", "is not used with task.env.reward env (the environment's own "
+                             "reward): set task.env.reward to grader or sum, or leave the grader out")
+        if self.env.reward_mode != "env" and self.grader is None and self.reasoning_gym is None \
+                and self.dataset is None and self.env.type == "openenv":
+            raise FieldError("task.env.reward", f"{self.env.reward_mode} needs task.grader: an OpenEnv "
+                             "server's examples carry no answer for a built-in verifier")
         return self
 
     @model_validator(mode="after")

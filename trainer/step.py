@@ -1,6 +1,7 @@
 """One BroRL step: generate N rollouts per prompt, score, filter and refill, update, sync.
 
-Generation and scoring go through the rollout seam (`trainer.rollouts.generate_and_score`);
+Generation and scoring go through the rollout seam (`trainer.rollouts.generate_and_score`, or
+`run_episodes` for a job with a multi-turn `task.env`);
 `collect` produces the step's scored, filtered batch (dynamic sampling with bounded refill
 rounds); `update` runs the PPO mini-batches on it; `run_step` times both plus the weight sync
 and returns the step's metrics under the names in docs/metrics.md.
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainer import collectives as distributed
-from trainer.run import Run
+from trainer.run import Run, env_budget
 from trainer.samples import step_samples
 from trainer.graders.scorer import step_metrics as grader_step_metrics
 from trainer.prompt_stream import mix_seed
@@ -26,7 +27,7 @@ from trainer.algo.filtering import filter_rollouts, solve_fractions
 from trainer.algo.shaping import overlong_penalty
 from trainer.models.lora import reference_model
 from trainer.optim.update import ppo_update, sequence_logprobs
-from trainer.rollouts import Rollouts, SamplingConfig, concat_rollouts, generate_and_score
+from trainer.rollouts import Rollouts, SamplingConfig, concat_rollouts, generate_and_score, run_episodes
 from trainer.algo.schedule import StagePlan, lr_at
 
 
@@ -43,6 +44,13 @@ class SampleCounts:
     gen_s: float = 0.0
     score_s: float = 0.0
     grades: list = field(default_factory=list)   # a grader's per-sample GradeResults (or None)
+    # Multi-turn episodes (task.env): sums over the round's samples.
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    budget_truncated: int = 0
+    env_errors: int = 0
+    env_s: float = 0.0
 
     def add(self, other: SampleCounts) -> None:
         for f in dataclasses.fields(self):
@@ -81,8 +89,15 @@ def _generate_round(run: Run, plan: StagePlan, index: int, round_index: int, k: 
     seed = mix_seed(spec.seed, index, round_index, distributed.rank()) if distributed.active() else mix_seed(spec.seed, index, round_index)
     sampling = SamplingConfig(n=plan.n, max_new_tokens=spec.rollout.max_new_tokens,
                               temperature=spec.rollout.temperature, top_p=spec.rollout.top_p, seed=seed)
-    episodes = generate_and_score(run.engine, run.tokenizer, run.scorer, [run.train_ids[i] for i in idx],
-                                  [run.task.train[i] for i in idx], sampling)
+    examples = [run.task.train[i] for i in idx]
+    if spec.task.env is None:
+        episodes = generate_and_score(run.engine, run.tokenizer, run.scorer, [run.train_ids[i] for i in idx],
+                                      examples, sampling)
+    else:  # episodes of model turns and environment replies (trainer/rollouts/multiturn.py)
+        episodes = run_episodes(run.engine, run.tokenizer, run.env, run.scorer, examples, sampling,
+                                max_turns=spec.task.env.max_turns, max_total_tokens=env_budget(spec),
+                                reward_mode=spec.task.env.reward_mode, check=run.stop_check,
+                                max_context=run.max_seq_len)
     rollouts = episodes.to_rollouts()
     if spec.algo.overlong is not None:
         o, lengths = spec.algo.overlong, torch.tensor(rollouts.model_lengths())
@@ -93,7 +108,10 @@ def _generate_round(run: Run, plan: StagePlan, index: int, round_index: int, k: 
     counts = SampleCounts(samples=len(episodes), lengths=episodes.lengths(),
                          truncated=sum(episodes.truncated), groups=int(solved.numel()),
                          all_correct=int((solved == 1).sum()), all_wrong=int(wrong.sum()),
-                         gen_s=episodes.gen_s, score_s=episodes.score_s, grades=episodes.grades)
+                         gen_s=episodes.gen_s, score_s=episodes.score_s, grades=episodes.grades,
+                         turns=sum(episodes.turns), tool_calls=sum(episodes.tool_calls),
+                         tool_errors=sum(episodes.tool_errors), budget_truncated=sum(episodes.budget_truncated),
+                         env_errors=episodes.env_errors, env_s=episodes.env_s)
     return rollouts, counts
 
 
@@ -351,4 +369,16 @@ def run_step(run: Run, plan: StagePlan, index: int,
         "samples": collected.counts.samples,
         **(run.difficulty.metrics() if run.difficulty is not None else {}),
         **grading,
+        **(env_metrics(collected.counts) if run.spec.task.env is not None else {}),
     }
+
+
+def env_metrics(k: SampleCounts) -> dict[str, float]:
+    """A multi-turn step's episode metrics (docs/metrics.md), over every rank's samples
+    (`k.samples` is already every rank's on many ranks: `_global_step_counts` ran first)."""
+    turns, calls, errors, cut, broken, env_s = distributed.all_sum_floats(
+        [k.turns, k.tool_calls, k.tool_errors, k.budget_truncated, k.env_errors, k.env_s])
+    n = max(k.samples, 1)
+    return {"env/turns_mean": turns / n, "env/tool_calls_mean": calls / n, "env/tool_errors_mean": errors / n,
+            "env/budget_truncated_frac": cut / n, "env/errors": broken,
+            "time/env_s": env_s / distributed.world_size()}

@@ -57,6 +57,10 @@ OVERRIDES: dict[str, st.SearchStrategy] = {
     "model.lora.target_modules": st.one_of(st.just("all-linear"), st.lists(
         st.sampled_from(["q_proj", "v_proj", "down_proj"]), min_size=1, max_size=3, unique=True)),
     "rollout.broaden.metric": st.sampled_from(["eval/pass@1", "eval/pass@4", "eval/pass@16"]),
+    "task.env.args": st.dictionaries(st.sampled_from(["num_examples", "difficulty"]), st.integers(0, 9), max_size=2),
+    "task.env.name": st.sampled_from([None, "vf-calc", "wordle"]),
+    "task.env.tools": st.sampled_from([None, 'def add(a: int, b: int) -> int:\n    """Add.\n\n    Args:\n'
+                                             '        a: x\n        b: y\n    """\n    return a + b\n']),
     "name": st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=12),
 }
 # Small numbers for the fields whose cross-field rules bound each other (samples per step,
