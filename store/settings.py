@@ -52,7 +52,8 @@ class Settings(BaseSettings):
     sink_buffer_rows: int = Field(10_000, ge=1)
     # The rollouts a job stores for reading (`samples.per_step`) stop at this many bytes of
     # text per job; its metrics go on. 64 samples x 2 x 4,000 chars a step fill it in ~100 steps
-    # at the spec's limits, 8 short ones a step in thousands.
+    # at the spec's limits, 8 short ones a step in thousands. A multi-turn sample's transcript
+    # counts too (its JSON; at most 200,000 characters a sample: store/sample_rows.py).
     max_sample_bytes_per_job: int = Field(50 * MIB, ge=0)
     reaper_interval_seconds: float = 30
     # A queued job nobody claimed for this long is enqueued again by the reaper: this recovers
