@@ -248,6 +248,31 @@ def test_close_while_a_call_runs_leaves_nothing_running():
     assert content(replies[0]).startswith("error: the tool's sandbox failed")
 
 
+def test_a_stop_ends_a_batch_of_calls_within_a_second():
+    class Stopped(Exception):
+        pass
+
+    env = Env(tool_timeout_s=30.0)
+    started = time.monotonic()
+
+    def stop_check():
+        if time.monotonic() - started > 1.0:
+            raise Stopped
+
+    env.env.stop_check = stop_check
+    try:
+        with pytest.raises(Stopped):
+            env.turn(*((env.episode(n), [("python", {"code": "import time\ntime.sleep(25)"})])
+                       for n in range(3)))
+        assert time.monotonic() - started < 4.0
+        assert processes_with(env.tag) == [], "the stopped batch's sandboxes still run"
+        env.env.stop_check = None
+        after, = env.turn((env.episode(), [("add", {"a": 1, "b": 2})]))
+        assert content(after) == "3"  # the environment still serves
+    finally:
+        env.close()
+
+
 def test_env_reward_judges_the_state_the_tools_left():
     env = Env(reward="env")
     try:

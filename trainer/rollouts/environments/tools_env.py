@@ -67,7 +67,7 @@ import math
 import os
 import threading
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 from trainer.rollouts.environments.base import AssistantTurn, EnvReply, Message, ToolCall
 from trainer.rollouts.environments.tool_schema import (
@@ -148,6 +148,9 @@ class ToolsEnvironment:
             MAX_POOL_SIZE, max(2, os.cpu_count() or 1))
         self.tag = tag
         self.pool = SandboxPool("tools", int(size), self.limits, tag)
+        # The job's stop check (`trainer.stop`), polled while a batch of calls runs: what it
+        # raises kills the batch's sandboxes and is raised from every waiting `step`.
+        self.stop_check: Callable[[], None] | None = None
         self._queues: dict[Any, list] = {}
         self._map_lock = threading.Lock()
         self._closed = False
@@ -203,7 +206,7 @@ class ToolsEnvironment:
             return self.pool.map(items, lambda chunk: {"items": chunk,
                                                        "timeout_s": self.timeout_s,
                                                        "cap_s": self.limits.timeout_s},
-                                 item_timeout_s=wait, chunk=4)
+                                 item_timeout_s=wait, chunk=4, stop_check=self.stop_check)
 
 
 def _tool_message(call: ToolCall | None, content: str) -> Message:
