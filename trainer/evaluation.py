@@ -21,6 +21,7 @@ from trainer.algo.eval_compare import (INTERVAL, best_of, delta_intervals, pass_
 from trainer.evaluate import EvalContext, opened
 from trainer.evaluation_spec import EvaluationSpec
 from trainer.probe import Tally, chunk_plan
+from trainer.probe_spec import PROBE_MAX_PROMPTS
 from trainer.prompt_stream import mix_seed
 from trainer.rollouts import SamplingConfig, generate_and_score
 from trainer.spec import JobSpec
@@ -89,10 +90,13 @@ def evaluate_models(spec: EvaluationSpec, job: JobSpec, models: list[Model], sho
     check = stop_check(should_stop)
     t0, rows, prompts_text = time.perf_counter(), [], []
     total = None
+    # "The whole eval split" stops at PROBE_MAX_PROMPTS: a dataset's split can be far larger, and
+    # the result keeps every prompt's counts and opening.
+    prompts = spec.prompts or PROBE_MAX_PROMPTS
     for model in models:
         started = time.perf_counter()
-        with opened(job, model.folder, dataset_path, prompts=spec.prompts,
-                    max_num_seqs=min(spec.chunk_samples, spec.n * (spec.prompts or 1024)), stop_check=check) as ctx:
+        with opened(job, model.folder, dataset_path, prompts=prompts,
+                    max_num_seqs=min(spec.chunk_samples, spec.n * prompts), stop_check=check) as ctx:
             if total is None:
                 total = len(ctx.prompt_ids) * spec.n * len(models)
                 prompts_text = [e.question[:PROMPT_PREVIEW] for e in ctx.examples]

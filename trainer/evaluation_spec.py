@@ -49,7 +49,8 @@ class EvaluationSpec(_Frozen):
     task: TaskSpec | None = Field(None, description="Held-out prompts of another task or uploaded "
                                                     "dataset; null: the job's task (its eval split).")
     prompts: int | None = Field(None, ge=1, le=PROBE_MAX_PROMPTS,
-                                description="The first this many eval prompts; null: the whole eval split.")
+                                description="The first this many eval prompts; null: the whole eval split "
+                                            f"(its first {PROBE_MAX_PROMPTS}).")
     n: int | None = Field(None, ge=1, le=MAX_N, description="Samples per prompt; null: the job's "
                                                              "eval.samples_per_prompt.")
     k: list[Annotated[int, Field(ge=1, le=MAX_N)]] | None = Field(

@@ -6,9 +6,12 @@ job quota counts evaluations; continuations do not list them. The run itself:
 tests/e2e/test_evaluation_e2e.py."""
 from __future__ import annotations
 
+from store import evaluations
 from store import jobs as store_jobs
 from store.db import session_scope
+from store.tables import Checkpoint
 from tests.api.helpers import assert_error, make_spec
+from trainer.evaluation_spec import EvaluationSpec
 
 PASS1 = {0: 0.1, 2: 0.6, 4: 0.4, 6: 0.5}  # step -> the training's eval/pass@1
 
@@ -76,6 +79,9 @@ def test_what_cannot_be_evaluated_is_refused(client, auth, database_url, tmp_pat
     assert_error(post({"job": "job_01OTHER"}), 422, field="job")
     assert_error(post({"unknown": 1}), 422)
     assert_error(post({"task": {"dataset": {"id": "ds_01NOPE"}}}), 422, field="task.dataset.id")
+    assert_error(post({"task": {"reasoning_gym": {"name": "no_such_task"}}}), 422)
+    assert_error(post({"prompts": 1025}), 422, field="prompts")
+    assert_error(post({"n": 4096}), 422, field="n")
     empty = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
     assert "no checkpoint yet" in assert_error(post({}, empty), 422, field="checkpoints")["message"]
     no_evals = _trained(client, auth, database_url, tmp_path, steps=(3,))
@@ -114,6 +120,27 @@ def test_an_idempotency_key_replays_the_request_not_the_resolution(client, auth,
     fresh = client.post(f"/v1/jobs/{job}/evaluations", json={"checkpoints": ["latest"]}, headers=auth)
     assert fresh.json()["checkpoints"] == [8]
     assert enqueued == [job, first.json()["id"], fresh.json()["id"]]
+
+
+def test_a_continued_jobs_base_is_its_parents_checkpoint(client, auth, database_url, tmp_path):
+    parent = _trained(client, auth, database_url, tmp_path)
+    body = make_spec(continue_from={"job": parent, "step": 4})
+    del body["model"]
+    child_id = client.post("/v1/jobs", json=body, headers=auth).json()["id"]
+    with session_scope(database_url) as s:
+        claim = store_jobs.claim(s, child_id, "test-worker", lease_seconds=60)
+        (tmp_path / "child-2").mkdir()
+        store_jobs.record_checkpoint(s, child_id, claim.attempt, 2, str(tmp_path / "child-2"), 1, "0" * 64)
+    with session_scope(database_url) as s:  # what the worker will load
+        job_row = store_jobs.get_job_unscoped(s, child_id)
+        _, found = evaluations.folders(s, job_row.tenant_id, EvaluationSpec(job=child_id, checkpoints=[2], n=2))
+        assert found.base == tmp_path / parent / "step-4" and found.steps == {2: tmp_path / "child-2"}
+    assert client.post(f"/v1/jobs/{child_id}/evaluations", json={}, headers=auth).status_code == 201
+    with session_scope(database_url) as s:  # the parent's checkpoint rotated out: no base to compare with
+        s.query(Checkpoint).filter_by(job_id=parent, step=4).delete()
+    err = assert_error(client.post(f"/v1/jobs/{child_id}/evaluations", json={}, headers=auth), 422, field="base")
+    assert "base: false" in err["message"] and str(tmp_path) not in err["message"]
+    assert client.post(f"/v1/jobs/{child_id}/evaluations", json={"base": False}, headers=auth).status_code == 201
 
 
 def test_cancel_and_events(client, auth, database_url, tmp_path):
