@@ -153,6 +153,24 @@ def test_cancel_and_events(client, auth, database_url, tmp_path):
     assert_error(client.post(f"/v1/evaluations/{ev['id']}/cancel", headers=auth), 409)
 
 
+def test_webhooks_announce_evaluations_as_evaluations(client, auth, database_url, tmp_path):
+    from store import webhooks
+    from store.webhook_tables import WebhookDelivery
+
+    job = _trained(client, auth, database_url, tmp_path)
+    with session_scope(database_url) as s:
+        tenant = store_jobs.get_job_unscoped(s, job).tenant_id
+        endpoint = webhooks.create_endpoint(s, tenant, "https://hooks.example.com/x",
+                                            event_types=["evaluation.cancelled"]).id
+    ev = client.post(f"/v1/jobs/{job}/evaluations", json={}, headers=auth).json()
+    client.post(f"/v1/evaluations/{ev['id']}/cancel", headers=auth)
+    client.post(f"/v1/jobs/{job}/cancel", headers=auth)  # a job.cancelled: not subscribed
+    with session_scope(database_url) as s:
+        sent = s.query(WebhookDelivery).filter_by(endpoint_id=endpoint).all()
+        assert [(d.event_type, d.payload["data"]["object"], d.payload["data"]["id"]) for d in sent] == \
+            [("evaluation.cancelled", "evaluation", ev["id"])]
+
+
 def test_the_job_quota_counts_evaluations(client, auth, database_url, tmp_path, settings, app):
     job = _trained(client, auth, database_url, tmp_path)
     limit = settings.max_active_jobs_per_tenant
