@@ -59,24 +59,49 @@
       el("li", { text: `step ${p.step} (${p.asked.join(", ")}): ${p.why}` })));
   }
 
+  // pass@1 and pass@k at the largest k per model, each a point with its 95 % interval drawn as a
+  // whisker (the models are categories: nothing is interpolated between them).
   function drawChart(result) {
     const box = $("chart-models");
+    const ks = [...new Set(["1", String(result.k[result.k.length - 1])])];
     const xs = result.models.map((_, i) => i);
-    const col = (f) => result.models.map((m) => f(m.pass_at_k["1"]));
+    const shift = (j) => (ks.length > 1 ? (j - 0.5) * 0.12 : 0);
+    const whiskers = (u) => {
+      const ctx = u.ctx;
+      ks.forEach((k, j) => {
+        ctx.save();
+        ctx.strokeStyle = Charts.PALETTE[j];
+        ctx.lineWidth = 2 * devicePixelRatio;
+        result.models.forEach((m, i) => {
+          const r = m.pass_at_k[k], x = u.valToPos(i + shift(j), "x", true);
+          ctx.beginPath();
+          ctx.moveTo(x, u.valToPos(r.lo, "y", true));
+          ctx.lineTo(x, u.valToPos(r.hi, "y", true));
+          ctx.stroke();
+        });
+        ctx.restore();
+      });
+      box.dataset.drawn = "true";
+    };
     const opts = {
-      title: "pass@1 per model (95 % interval)", width: Math.max(box.clientWidth, 300), height: Charts.HEIGHT,
+      title: "pass@k per model (95 % interval)", width: Math.max(box.clientWidth, 300), height: Charts.HEIGHT,
       scales: { x: { time: false, range: [-0.5, xs.length - 0.5] }, y: { range: [0, 1] } },
       axes: [{ label: "model", values: (u, splits) => splits.map((v) => (Number.isInteger(v) && result.models[v]
         ? result.models[v].label : "")), incrs: [1] }, { size: 50 }],
-      series: [{ label: "model" },
-               { label: "pass@1", stroke: Charts.PALETTE[0], width: 0, points: { show: true, size: 9 } },
-               { label: "low", stroke: Charts.PALETTE[0] + "99", width: 0, points: { show: true, size: 5 } },
-               { label: "high", stroke: Charts.PALETTE[0] + "99", width: 0, points: { show: true, size: 5 } }],
-      bands: [{ series: [3, 2], fill: Charts.PALETTE[0] + "22" }],
-      hooks: { draw: [() => { box.dataset.drawn = "true"; }] },
+      series: [{ label: "model" }, ...ks.map((k, j) => ({ label: `pass@${k}`, stroke: Charts.PALETTE[j], width: 0,
+                                                          points: { show: true, size: 9 } }))],
+      hooks: { draw: [whiskers] },
     };
     box.replaceChildren();
-    new uPlot(opts, [xs, col((r) => r.mean), col((r) => r.lo), col((r) => r.hi)], box);
+    // Each k's points sit a little apart at its shifted x (a separate x per series is not
+    // uPlot's model, so the series hold nulls where another k sits).
+    const xAll = [], cols = ks.map(() => []);
+    ks.forEach((k, j) => result.models.forEach((m, i) => {
+      xAll.push(i + shift(j));
+      cols.forEach((c, jj) => c.push(jj === j ? m.pass_at_k[k].mean : null));
+    }));
+    const order = xAll.map((x, i) => i).sort((a, b) => xAll[a] - xAll[b]);
+    new uPlot(opts, [order.map((i) => xAll[i]), ...cols.map((c) => order.map((i) => c[i]))], box);
     box.dataset.points = String(xs.length);
   }
 
