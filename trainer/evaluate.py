@@ -46,7 +46,7 @@ def evaluate(ctx: EvalContext, spec: JobSpec, seed: int) -> dict[str, float]:
                                 reward_mode=env.reward_mode, max_context=ctx.max_context)
     else:
         episodes = generate_and_score(ctx.engine, ctx.tokenizer, ctx.scorer, ctx.prompt_ids, ctx.examples, sampling)
-    counts = episodes.correct_counts(len(ctx.prompt_ids))
+    counts = episodes.correct_counts(len(ctx.examples))
     out = {f"eval/pass@{k}": pass_at_k_mean(counts, n, k) for k in sorted(set(spec.eval.k) | {1})}
     out["eval/response_len_mean"] = sum(episodes.lengths()) / max(len(episodes), 1)
     return out

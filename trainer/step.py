@@ -100,8 +100,9 @@ def _generate_round(run: Run, plan: StagePlan, index: int, round_index: int, k: 
                                 max_context=run.max_seq_len)
     rollouts = episodes.to_rollouts()
     if spec.algo.overlong is not None:
+        # The model's tokens against the completion's budget (an episode's: task.env.max_total_tokens).
         o, lengths = spec.algo.overlong, torch.tensor(rollouts.model_lengths())
-        rollouts.rewards = rollouts.rewards + overlong_penalty(lengths, spec.rollout.max_new_tokens, o.buffer, o.penalty)
+        rollouts.rewards = rollouts.rewards + overlong_penalty(lengths, env_budget(spec), o.buffer, o.penalty)
     if run.difficulty is not None:
         record_draws(run.difficulty, drawn, rollouts.correct, rollouts.group)
     solved, wrong = solve_fractions(rollouts.correct, rollouts.rewards, rollouts.group)

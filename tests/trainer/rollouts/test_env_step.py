@@ -84,3 +84,23 @@ def test_budget_truncation_is_counted():
     collected = collect(run, p, 0)
     metrics = env_metrics(collected.counts)
     assert metrics["env/budget_truncated_frac"] == 1.0 and collected.counts.truncated == collected.counts.samples
+
+
+def test_evaluation_runs_episodes_against_the_environment():
+    from trainer.evaluate import EvalContext, evaluate
+
+    def reply(k, s, ep):
+        called = ep.env.turns_seen[-1][2].tool_calls
+        return EnvReply(messages=[{"role": "tool", "content": "2"}], tool_calls=1) if called else EnvReply(done=True)
+
+    def script(ctx, j):  # right only after the tool's answer
+        return str(2 * int(ctx.split("\n")[0].split("+")[0])) if "<tool_response>" in ctx else \
+            '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'
+
+    run, _ = _run(script, reply)
+    ctx = EvalContext(run.engine, run.tokenizer, run.scorer, run.task.train[:3], prompt_ids=None, env=run.env,
+                      max_context=4096)
+    spec = run.spec.model_copy(update={"eval": run.spec.eval.model_copy(update={"samples_per_prompt": 2, "k": [1, 2]})})
+    out = evaluate(ctx, spec, seed=0)
+    assert out["eval/pass@1"] == 1.0 and out["eval/response_len_mean"] > 0
+    assert len(run.env.closed) == 6
