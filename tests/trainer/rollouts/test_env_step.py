@@ -104,3 +104,33 @@ def test_evaluation_runs_episodes_against_the_environment():
     out = evaluate(ctx, spec, seed=0)
     assert out["eval/pass@1"] == 1.0 and out["eval/response_len_mean"] > 0
     assert len(run.env.closed) == 6
+
+
+def test_the_builtin_tools_environment_through_the_driver():
+    """The real tools environment (its sandbox) under the driver: a good call, a call missing an
+    argument, an unknown tool and a malformed call each answered in the transcript and counted;
+    the episode ends when the model answers; the rendered trajectory reads as the plain format."""
+    from trainer.rollouts import SamplingConfig, run_episodes
+    from trainer.run import job_environment
+    from tests.trainer.rollouts.test_multiturn import Scorer
+
+    spec = JobSpec.model_validate({"name": "t", "task": {"reasoning_gym": {"name": "chain_sum"},
+                                                         "env": {"type": "tools", "tools": ADD, "max_turns": 5}}})
+    _, tok = build_untrained(seed=0)
+    calls = ['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+             '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
+             '<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "<tool_call>{bad", "<answer>5</answer>"]
+    env = job_environment(spec)
+    try:
+        ep = run_episodes(Scripted(tok, lambda ctx, j: calls[ctx.count("<tool_response>")]), tok, env, Scorer(),
+                          [SimpleNamespace(question="2+3?", answer="5", payload={})],
+                          SamplingConfig(n=2, max_new_tokens=100), max_turns=5, max_total_tokens=2000,
+                          reward_mode="grader")
+    finally:
+        env.close()
+    assert ep.turns == [5, 5] and ep.tool_calls == [4, 4] and ep.tool_errors == [3, 3] and ep.rewards == [1.0, 1.0]
+    tool_results = [m["content"] for m in ep.messages[0] if m["role"] == "tool"]
+    assert tool_results[0] == "5" and "missing the required argument 'b'" in tool_results[1]
+    assert "no tool named 'nope'" in tool_results[2] and "not valid JSON" in tool_results[3]
+    text = tok.decode(ep.prompt_ids[0] + ep.completion_ids[0])
+    assert text.startswith("tools: add(a, b)\n2+3?\n") and "<eos>\n<tool_response>5</tool_response>\n" in text
