@@ -184,7 +184,10 @@ def _reset_args(env_spec: Any) -> dict[str, Any]:
     for key in ("seed", "episode_id"):
         if key in args:
             raise ValueError(f"task.env.args.{key}: set per episode by the trainer")
-    json.dumps(args)   # a TypeError for anything JSON cannot carry
+    try:
+        json.dumps(args, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"task.env.args: not JSON: {exc}") from None
     return args
 
 
