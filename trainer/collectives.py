@@ -67,8 +67,9 @@ def is_peer_failure(exc: BaseException) -> bool:
 
 
 def launched_as_rank() -> bool:
-    """This process is one of torchrun's ranks (WORLD_SIZE > 1), whether or not it has joined."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """This process was started as a rank by torchrun (RANK set), whether or not it has joined;
+    its world may be one rank (a job shrunk to one node by `resources.min_nodes`)."""
+    return "RANK" in os.environ
 
 
 def any_true(flag: bool) -> bool:

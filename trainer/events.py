@@ -31,7 +31,7 @@ class EventType(StrEnum):
     cancelled = "cancelled"
     failed = "failed"
     succeeded = "succeeded"
-    warning = "warning"      # the trainer says a job cannot learn (see trainer.loop.stall_reason)
+    warning = "warning"      # what the user must know: a job cannot learn (trainer.loop.stall_reason), it runs on fewer nodes
     broadened = "broadened"  # rollout.broaden started a wider stage on a plateau (trainer.loop)
     progress = "progress"    # a long phase's progress (`Phase`), or a probe's samples done of its total
     broaden_skipped = "broaden_skipped"  # rollout.broaden trigger probe found too little to broaden for

@@ -308,11 +308,22 @@ class ResourcesSpec(_Frozen):
     nodes: int = Field(1, ge=1, le=1024, description="Nodes, each running gpus_per_node ranks; more than "
                        "1 only where the deployment serves multi-node jobs (BRORL_RAY_ADDRESS, "
                        "BRORL_RAY_MAX_NODES), placed all at once by Ray.")
+    min_nodes: int | None = Field(None, ge=1, le=1024, description=(
+        "The fewest nodes the job may run on (the Ray launcher): when all `nodes` cannot be placed "
+        "within BRORL_RAY_SHRINK_AFTER_S because fewer nodes that can hold one exist (a node was "
+        "lost, say), the job runs on the nodes there are, down to this many, and resumes its "
+        "checkpoint on that smaller world. null: exactly `nodes`, waiting for them."))
 
     @property
     def world_size(self) -> int:
         """Ranks in all."""
         return self.nodes * self.gpus_per_node
+
+    @model_validator(mode="after")
+    def _min_nodes_at_most_nodes(self) -> "ResourcesSpec":
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise FieldError("resources.min_nodes", f"{self.min_nodes} is more than resources.nodes ({self.nodes})")
+        return self
 
 
 class LimitsSpec(_Frozen):

@@ -1,12 +1,15 @@
-"""A 2-node job through the whole service: `brorl up` whose worker sends it to a Ray cluster of
+"""2-node jobs through the whole service: `brorl up` whose worker sends them to a Ray cluster of
 two simulated nodes on this machine (`ray.cluster_utils.Cluster`, one `brorl_gpu` each, gloo).
 The API accepts `nodes: 2` because the deployment names the cluster (BRORL_RAY_ADDRESS,
-BRORL_RAY_MAX_NODES); the job succeeds with every metric step once, says in its events that
-its ranks started on 2 nodes, and leaves every resource of the cluster free."""
+BRORL_RAY_MAX_NODES). A job succeeds with every metric step once and says in its events that
+its ranks started on 2 nodes; a cancel mid-job ends it; a node lost mid-job fails the attempt
+as a machine fault and the retry, on the one node left (`resources.min_nodes: 1`), resumes the
+checkpoint and succeeds. After each, no rank is left and every resource of the cluster is free."""
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,21 +27,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900
 GPU = "brorl_gpu"
 
 
-def spec(steps: int) -> dict:
+def spec(steps: int, min_nodes: int | None = None) -> dict:
     return {"name": "two-nodes", "seed": SHARED_SEED, "task": shared_task(),
             "rollout": {"engine": "hf", "max_new_tokens": 24,
                         "schedule": [{"n": 4, "prompts_per_step": 2, "steps": steps}]},
             "optim": {"lr": 1e-4}, "algo": {"mini_batches": 1, "micro_batch_tokens": 256},
             "eval": {"every": 100, "samples_per_prompt": 2, "k": [1]},
-            "checkpoint": {"every": 1, "keep_last": 2}, "resources": {"nodes": 2, "gpus_per_node": 1}}
+            "checkpoint": {"every": 1, "keep_last": 2}, "resources": {"nodes": 2, "gpus_per_node": 1, "min_nodes": min_nodes}}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     prebuild(JobSpec.model_validate(spec(2)))  # every node's ranks find builtin:tiny in BRORL_CACHE_DIR
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    for _ in range(2):
-        c.add_node(num_cpus=1, resources={GPU: 1})
+    c.brorl_nodes = [c.add_node(num_cpus=1, resources={GPU: 1}) for _ in range(2)]
     ray.init(address=c.address, log_to_driver=False)  # this test's own view of the cluster
     c.wait_for_nodes()
     yield c
@@ -50,7 +52,8 @@ def cluster() -> Iterator[Cluster]:
 def stack(cluster: Cluster, tmp_path_factory) -> Iterator[Stack]:
     with running_stack(tmp_path_factory.mktemp("ray"), {
             "BRORL_RAY_ADDRESS": cluster.address, "BRORL_RAY_MAX_NODES": "2", "BRORL_RAY_GPU_RESOURCE": GPU,
-            "BRORL_HEARTBEAT_SECONDS": "1", "BRORL_TRAINER_ENTRYPOINT": None}) as stack:
+            "BRORL_HEARTBEAT_SECONDS": "1", "BRORL_RAY_SHRINK_AFTER_S": "1",
+            "BRORL_TRAINER_ENTRYPOINT": None}) as stack:
         yield stack
 
 
@@ -65,7 +68,63 @@ def test_a_two_node_job_trains_through_the_service(stack: Stack):
     assert [r["step"] for r in client.metrics(job["id"])["data"]] == [0, 1, 2]  # rank 0's rows, once
     messages = [e["data"].get("message") for e in client.events(job["id"])["data"] if e["type"] == "progress"]
     assert "2 ranks started on 2 nodes" in messages
-    deadline = time.monotonic() + 30  # the agents' actors and the group are released
-    while ray.available_resources().get(GPU) != 2:
-        assert time.monotonic() < deadline, ray.available_resources()
+    _assert_all_free(stack)
+
+
+def test_a_cancel_mid_job_stops_every_node_s_ranks(stack: Stack):
+    client = BrorlClient(stack.url, stack.key, timeout=30)
+    job = client.submit(spec(40))
+    _wait_for(lambda: client.metrics(job["id"])["data"], "a first step", stack)
+    client.cancel(job["id"])
+    done = client.wait(job["id"], poll=1, timeout=300)
+    assert done["status"] == "cancelled", (done.get("error"), stack.output()[-6000:])
+    assert len(client.metrics(job["id"])["data"]) < 40
+    _assert_all_free(stack)
+
+
+def test_a_lost_node_fails_the_attempt_and_the_retry_resumes_on_the_node_left(cluster: Cluster, stack: Stack):
+    client = BrorlClient(stack.url, stack.key, timeout=30)
+    job = client.submit(spec(8, min_nodes=1))
+    try:
+        _wait_for(lambda: client.list_checkpoints(job["id"])["data"], "a first checkpoint", stack)
+        cluster.remove_node(cluster.brorl_nodes[1], allow_graceful=False)
+        done = client.wait(job["id"], poll=1, timeout=600)
+        assert done["status"] == "succeeded", (done.get("error"), stack.output()[-6000:])
+        assert done["attempt"] == 2
+        assert [r["step"] for r in client.metrics(job["id"])["data"]] == list(range(9))  # each step once
+        events = client.events(job["id"])["data"]
+        assert any(e["type"] == "retried" for e in events)
+        warned = [e["data"].get("message", "") for e in events if e["type"] == "warning"]
+        assert any(m.startswith("running on 1 nodes instead of 2") for m in warned), events
+        _assert_all_free(stack)
+    finally:
+        cluster.brorl_nodes[1] = cluster.add_node(num_cpus=1, resources={GPU: 1})
+        cluster.wait_for_nodes()
+
+
+def _wait_for(ready, what: str, stack: Stack, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s\n{stack.output()[-6000:]}"
+        time.sleep(0.5)
+
+
+def _assert_all_free(stack: Stack) -> None:
+    """The agents' actors and the placement group are released and no rank of the stack's jobs
+    is left (a removed node's resources no longer count)."""
+    deadline = time.monotonic() + 30
+    while True:
+        free = ray.available_resources().get(GPU) == ray.cluster_resources().get(GPU)
+        ranks = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_rank_of(p, stack)]
+        if free and not ranks:
+            return
+        assert time.monotonic() < deadline, (ray.available_resources(), ranks)
         time.sleep(0.2)
+
+
+def _is_rank_of(proc: Path, stack: Stack) -> bool:
+    try:
+        cmdline = (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"trainer.distributed.rank_main\0" + str(stack.data_dir).encode() in cmdline

@@ -103,6 +103,11 @@ def test_resources_defaults_bounds_and_one_node():
     two = make(resources={"nodes": 2, "gpus_per_node": 4})
     assert (two.resources.nodes, two.resources.world_size) == (2, 8)
     assert field_of({"name": "t", "task": RG, "resources": {"nodes": 0}}) == ["resources.nodes"]
+    # min_nodes: a job that may shrink to fewer nodes, never to more than it asks for.
+    assert make(resources={"nodes": 4, "min_nodes": 2}).resources.min_nodes == 2
+    assert make().resources.min_nodes is None
+    assert field_of({"name": "t", "task": RG, "resources": {"nodes": 2, "min_nodes": 3}}) == ["resources.min_nodes"]
+    assert field_of({"name": "t", "task": RG, "resources": {"nodes": 2, "min_nodes": 0}}) == ["resources.min_nodes"]
     # 2 nodes x 1 GPU are many ranks: FSDP2 shards, so only fp32 AdamW state.
     assert field_of({"name": "t", "task": RG, "resources": {"nodes": 2},
                      "optim": {"optimizer_state": "bf16"}}) == ["optim.optimizer_state"]

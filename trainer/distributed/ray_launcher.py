@@ -185,15 +185,21 @@ class RayRanks(Ranks):
                  settings) -> None:
         self.control, self.event, self.settings = control, event, settings
         self.nodes, self.nproc = spec.resources.nodes, spec.resources.gpus_per_node
+        self.min_nodes = spec.resources.min_nodes or self.nodes
         self.bundle = {"CPU": settings.ray_cpus_per_rank * self.nproc, settings.ray_gpu_resource: self.nproc}
         self.name = f"{GROUP_PREFIX}{time.time_ns()}-{uuid.uuid4().hex[:8]}"  # sorts by creation
-        self.group = placement_group([dict(self.bundle)] * self.nodes, strategy="STRICT_SPREAD", name=self.name)
-        self.ready = self.group.ready()
         self.agents: list = []
         self.rc: int | None = None
-        self.t0 = time.monotonic()
+        self.t0 = self.asked_at = time.monotonic()
         self.last_event = float("-inf")
-        self._log(f"placement group {self.name}: {self.nodes} x {self.bundle}, STRICT_SPREAD")
+        self._ask(self.nodes)
+
+    def _ask(self, nodes: int) -> None:
+        """One placement group of `nodes` bundles, one per node (all or none)."""
+        self.nodes, self.asked_at = nodes, time.monotonic()
+        self.group = placement_group([dict(self.bundle)] * nodes, strategy="STRICT_SPREAD", name=self.name)
+        self.ready = self.group.ready()
+        self._log(f"placement group {self.name}: {nodes} x {self.bundle}, STRICT_SPREAD")
 
     # --- what the launcher's caller sees
     def poll(self) -> int | None:
@@ -234,12 +240,36 @@ class RayRanks(Ranks):
                 raise PlacementTimeout(
                     f"{self.nodes} nodes of {self.bundle} were not free within {timeout:.0f} s "
                     "(BRORL_RAY_PLACEMENT_TIMEOUT_S); nothing was held")
+            if self.min_nodes < self.nodes and time.monotonic() - self.asked_at >= self.settings.ray_shrink_after_s:
+                self._shrink()
             if waited >= FIRST_WAIT_EVENT_S and time.monotonic() - self.last_event >= WAIT_EVENT_S:
                 self._wait_event(waited)
             return None
         self._log(f"placed after {time.monotonic() - self.t0:.1f} s")
         self._start_agents()
         return self.rc
+
+    def _shrink(self) -> None:
+        """Fewer nodes than the job asks for can hold one of its bundles (one was lost, say): ask
+        for the nodes there are, down to `resources.min_nodes`. Nodes that exist but are busy are
+        waited for, as before: shrinking is for capacity that is gone, not for a queue."""
+        exist = sum(1 for n in ray.nodes() if n.get("Alive")
+                    and all(n.get("Resources", {}).get(k, 0) >= v for k, v in self.bundle.items()))
+        fewer = max(self.min_nodes, min(exist, self.nodes))
+        if fewer >= self.nodes:
+            self.asked_at = time.monotonic()  # look again after another BRORL_RAY_SHRINK_AFTER_S
+            return
+        asked = self.nodes
+        try:
+            remove_placement_group(self.group)
+        except Exception:  # noqa: BLE001 - gone already
+            log.debug("placement group %s already gone", self.name, exc_info=True)
+        self._ask(fewer)
+        message = (f"running on {fewer} nodes instead of {asked}: only {exist} nodes of the cluster can hold "
+                   f"one of its bundles (resources.min_nodes is {self.min_nodes}); the job resumes its "
+                   "checkpoint on the smaller world")
+        self._log(message)
+        self.event(EventType.warning, {"message": message, "nodes": fewer, "asked": asked})
 
     def _wait_event(self, waited: float) -> None:
         table = placement_group_table()

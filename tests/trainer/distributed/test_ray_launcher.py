@@ -41,10 +41,10 @@ SPEC = {
 }
 
 
-def spec(nodes: int, gpus: int = 1, steps: int = 4) -> JobSpec:
+def spec(nodes: int, gpus: int = 1, steps: int = 4, min_nodes: int | None = None) -> JobSpec:
     schedule = [{**SPEC["rollout"]["schedule"][0], "steps": steps}]
     return JobSpec.model_validate({**SPEC, "rollout": {**SPEC["rollout"], "schedule": schedule},
-                                   "resources": {"nodes": nodes, "gpus_per_node": gpus}})
+                                   "resources": {"nodes": nodes, "gpus_per_node": gpus, "min_nodes": min_nodes}})
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +192,7 @@ def test_a_fenced_attempt_kills_every_node_s_ranks_at_once(ray_env, tmp_path):
     # (the fixture then checks that no rank, agent or group is left)
 
 
-def test_a_lost_node_is_a_machine_fault_and_the_retry_resumes_from_the_checkpoint(ray_env, tmp_path):
+def test_a_lost_node_is_a_machine_fault_and_the_retry_resumes_on_fewer_nodes(ray_env, tmp_path, monkeypatch):
     cluster, nodes = ray_env
     sink = ListSink()
     lost = []
@@ -220,9 +220,13 @@ def test_a_lost_node_is_a_machine_fault_and_the_retry_resumes_from_the_checkpoin
         while any(n["NodeID"] == nodes[1].node_id and n["Alive"] for n in ray.nodes()):
             assert time.monotonic() < deadline, "Ray never saw the removed node die"
             time.sleep(0.5)
-        # The retry, on the one node left (a smaller world), resumes from that checkpoint.
-        again, result = _train(spec(1, steps=ckpt_step + 1), tmp_path / "b", resume=ckpt)
+        # The retry asks for the same 2 nodes; with min_nodes 1 it runs on the one node left (a
+        # smaller world) once BRORL_RAY_SHRINK_AFTER_S has passed, says so, and resumes the checkpoint.
+        monkeypatch.setenv("BRORL_RAY_SHRINK_AFTER_S", "1")
+        again, result = _train(spec(2, steps=ckpt_step + 1, min_nodes=1), tmp_path / "b", resume=ckpt)
         assert [r["step"] for r in again.steps] == [ckpt_step + 1] and not result.stopped
+        warned = [data["message"] for kind, data in again.events if kind == "warning"]
+        assert warned and warned[0].startswith("running on 1 nodes instead of 2"), again.events
     finally:
         nodes[1] = cluster.add_node(num_cpus=1, resources={GPU: 1})  # the next test's cluster is whole
         cluster.wait_for_nodes()
