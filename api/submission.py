@@ -2,7 +2,10 @@
 route and OpenAI's) and a probe alike, and the lookups of the caller's rows.
 
 1. the model path is one this deployment may load (store.model_paths);
-2. a reasoning-gym config builds a few examples within limits (api.task_check);
+2. a reasoning-gym config builds a few examples within limits (api.task_check); a multi-turn
+   environment (`task.env`) is one this deployment runs: a verifiers id listed in
+   BRORL_ENVIRONMENTS, an OpenEnv server listed in BRORL_OPENENV_SERVERS (never a URL), tools
+   that parse (never run here);
 3. the GPU count is one the workers serve (each count has its own queue);
 4. a dataset named by the task is the caller's;
 5. the reward can run here (a grader's judge or metric exists; the dataset's rows have the
@@ -97,6 +100,30 @@ def check_nodes(nodes: int, gpus: int, settings: Settings) -> None:
                           f"nodes have {settings.ray_gpus_per_node} (BRORL_RAY_GPUS_PER_NODE)")
 
 
+def check_env(task: TaskSpec | None) -> None:
+    """422 naming the field when `task.env` names what this deployment does not run: a
+    verifiers id not listed in BRORL_ENVIRONMENTS, an OpenEnv server not listed in
+    BRORL_OPENENV_SERVERS, arguments the environment does not take, tools that do not parse.
+    Nothing is loaded or contacted here (the worker loads the environment). A deployment whose
+    own setting is malformed answers 503 (the operator's to fix, not the tenant's)."""
+    if task is None or task.env is None:
+        return
+    from trainer.rollouts.environments import check_environment
+    from trainer.settings import trainer_settings
+
+    try:
+        settings = trainer_settings()
+        check_environment(task.env, settings)
+    except ValueError as exc:
+        message = str(exc)
+        field, sep, rest = message.partition(": ")
+        if sep and field.startswith("task.env"):
+            raise field_error(field, rest) from None
+        log.error("task.env cannot be checked: the deployment's settings are malformed: %s", message)
+        raise ApiError(503, "this deployment's multi-turn environment settings are malformed; "
+                       "tell its operator", type_="unavailable") from None
+
+
 def owned_dataset(session: Session, tenant_id: int, task: TaskSpec | None) -> Dataset | None:
     """The caller's dataset that `task` reads (None when it reads none); 422 when it is not theirs."""
     if task is None or task.dataset is None:
@@ -167,6 +194,7 @@ def check_job(spec: JobSpec, session: Session, settings: Settings, tenant_id: in
     (`POST /v1/jobs?dry_run=true`) runs exactly these and stops."""
     check_model_path(spec.model.path, settings)
     request.app.state.task_check.check(spec)
+    check_env(spec.task)
     check_gpus(spec.resources.gpus_per_node, settings)
     check_nodes(spec.resources.nodes, spec.resources.gpus_per_node, settings)
     over_quota = job_quota_error(session, settings, tenant_id)
@@ -196,6 +224,7 @@ def submit_probe(spec: ProbeSpec, session: Session, settings: Settings, tenant_i
     by store.probes, a 422 naming `model.job` / `model.step` otherwise); it runs on one GPU."""
     if isinstance(spec.model, ModelSpec):
         check_model_path(spec.model.path, settings)
+    check_env(spec.task)
     over_quota = job_quota_error(session, settings, tenant_id)
     stored = owned_dataset(session, tenant_id, spec.task)
     if spec.task is not None:

@@ -234,8 +234,9 @@ def job_environment(spec: JobSpec, out_dir: Path | None = None):
         return None
     from trainer.rollouts.environments import build_environment
 
-    tag = "brorl-" + "".join(c for c in (Path(out_dir).name if out_dir else spec_sha256(spec)[:12])
-                             if c.isalnum() or c in "-_")[:40]
+    # The worker's out_dir is <job id>/attempt-<n>: both parts, so the tag names the job.
+    where = f"{Path(out_dir).parent.name}-{Path(out_dir).name}" if out_dir else spec_sha256(spec)[:12]
+    tag = "brorl-" + "".join(c for c in where if c.isalnum() or c in "-_")[:64]
     return build_environment(spec.task.env, task=spec.task, settings=trainer_settings(), tag=tag)
 
 

@@ -1,0 +1,242 @@
+"""Agents end to end: the three ways in (`task.env`) trained through `brorl up` on a CPU.
+
+One stack (the real API, Celery worker and trainer) runs three jobs side by side, each two
+steps on the suite's shared warm-started builtin:tiny (tests/support/tinyprebuild.py, a folder
+under BRORL_MODEL_ROOTS) with the hf engine:
+- a `verifiers` ToolEnv written with the library's own classes (tests/support/vf_envs/vf_calc.py,
+  on the worker's PYTHONPATH and listed in BRORL_ENVIRONMENTS), prompts and reward its own;
+- an OpenEnv server this test starts (openenv-core's own classes, tests/support/openenv_server),
+  listed by name in BRORL_OPENENV_SERVERS, prompts from reset, reward the server's;
+- built-in tools: the tenant's Python `add` and the code interpreter, run in the sandbox, the
+  built-in verifier rewarding the final answer.
+Each succeeds with the episode metrics (env/*, time/env_s) in every trained step, and its stored
+samples read turn by turn (GET /v1/jobs/{id}/samples: messages with roles). Afterwards nothing
+is left: no sandbox process with the job's tag, every OpenEnv session free again. An unlisted
+name is refused at submission by the same stack (tests/api/test_env_submission.py has the rest).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.client import BrorlAPIError, BrorlClient
+from tests.support.openenv_server import guess_server
+from tests.support.services import grader_sandbox_missing, needs_service
+from tests.support.tinyprebuild import SHARED_SEED, shared_model_dir, shared_task
+from tests.support.upstack import Stack, running_stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900),
+              needs_service("a grader sandbox", grader_sandbox_missing())]
+
+REPO = Path(__file__).resolve().parents[2]
+VF_ENVS = REPO / "tests" / "support" / "vf_envs"
+MAX_SESSIONS = 16   # the test server's capacity: twice what a step of the openenv job opens
+N, PROMPTS, STEPS = 4, 2, 2
+ENV_METRICS = ("env/turns_mean", "env/tool_calls_mean", "env/tool_errors_mean",
+               "env/budget_truncated_frac", "env/errors", "time/env_s")
+ADD = '''
+def add(a: int, b: int) -> int:
+    """Add two whole numbers exactly.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return a + b
+
+
+def _reward(messages: list) -> float:
+    """Runs in the sandbox after the episode: a quarter per message of the transcript."""
+    return 0.25 * len(messages)
+'''
+ENVS = {
+    "verifiers": {"type": "verifiers", "name": "vf-calc", "max_turns": 3, "max_total_tokens": 96,
+                  "args": {"num_examples": 8, "digits": 3, "num_eval": 2, "max_turns": 3}},
+    "openenv": {"type": "openenv", "name": "guess", "max_turns": 3, "max_total_tokens": 96,
+                "args": {"train_size": 8, "eval_size": 2}},
+    # reward sum: the built-in verifier over the final answer plus the tools' own _reward
+    # (run in the sandbox for every episode, so the job's sandboxes run whether or not the
+    # model calls a tool).
+    "tools": {"type": "tools", "tools": ADD, "code_interpreter": True, "tool_timeout_s": 5,
+              "max_turns": 3, "max_total_tokens": 96, "reward": "sum"},
+}
+
+
+def spec(kind: str, model_dir: Path) -> dict:
+    task = {"env": ENVS[kind]}
+    if kind == "tools":
+        task.update(shared_task())
+    return {
+        "spec_version": 1, "name": f"agents-{kind}", "seed": SHARED_SEED,
+        "model": {"path": str(model_dir)},
+        "task": task,
+        "rollout": {"engine": "hf", "max_new_tokens": 24,
+                    "schedule": [{"n": N, "prompts_per_step": PROMPTS, "steps": STEPS}]},
+        "algo": {"mini_batches": 1, "dynamic_sampling": False},
+        "eval": {"every": 0, "samples_per_prompt": 2, "k": [1]},
+        "checkpoint": {"every": 0, "keep_last": 1},
+        "samples": {"per_step": N * PROMPTS, "max_chars": 2000},
+        "optim": {"lr": 1e-4},
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[tuple[Stack, Path, str]]:
+    model_dir = shared_model_dir()
+    assert (model_dir / "config.json").exists()
+    with guess_server(max_sessions=MAX_SESSIONS) as server_url:
+        path = os.pathsep.join(p for p in (str(VF_ENVS), os.environ.get("PYTHONPATH", "")) if p)
+        with running_stack(tmp_path_factory.mktemp("agents"), {
+                "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1",
+                "BRORL_MODEL_ROOTS": str(model_dir.parent),
+                "PYTHONPATH": path,
+                "BRORL_ENVIRONMENTS": "vf-calc",
+                "BRORL_OPENENV_SERVERS": json.dumps({"guess": server_url})}) as stack:
+            yield stack, model_dir, server_url
+
+
+@pytest.fixture(scope="module")
+def finished(stack) -> dict[str, dict]:
+    stack, model_dir, _ = stack
+    started = time.monotonic()
+    with BrorlClient(stack.url, stack.key, timeout=30) as client:
+        ids = {kind: client.submit(spec(kind, model_dir))["id"] for kind in ENVS}
+        jobs, tagged = {}, set()
+        for kind, job_id in ids.items():
+            deadline = time.monotonic() + 600
+            while (job := client.get_job(job_id))["status"] not in ("succeeded", "failed", "cancelled"):
+                assert time.monotonic() < deadline, job
+                if kind == "tools" and job["status"] == "running":
+                    tagged.update(_job_sandboxes(job_id))
+                time.sleep(0.25)
+            job["sandboxes_seen"] = sorted(tagged) if kind == "tools" else []
+            job["metric_rows"] = client.metrics(job_id)["data"]
+            job["event_rows"] = client.events(job_id)["data"]
+            job["sample_rows"] = [s for step in range(1, STEPS + 1) for s in client._json(
+                "GET", f"/v1/jobs/{job_id}/samples", params={"step": step})["data"]]
+            jobs[kind] = job
+    print(f"agents e2e: three jobs in {time.monotonic() - started:.0f} s")
+    return jobs
+
+
+def _job_sandboxes(job_id: str) -> list[int]:
+    """Live sandbox processes tagged with the job (trainer.run.job_environment's tag:
+    brorl-<job id>-attempt-<n>)."""
+    from trainer.graders.sandbox.pool import processes_with
+
+    return processes_with(f"brorl-{job_id}-attempt-")
+
+
+def _succeeded(job: dict, stack) -> None:
+    assert job["status"] == "succeeded", (job.get("error"), job["event_rows"][-5:],
+                                          stack[0].output()[-4000:])
+
+
+def _trained(job: dict) -> list[dict]:
+    return [row["values"] for row in job["metric_rows"] if row["step"] > 0]
+
+
+def _check_transcripts(samples: list[dict]) -> None:
+    assert len(samples) == N * PROMPTS * STEPS
+    for s in samples:
+        messages = s["messages"]
+        assert messages, s
+        roles = [m["role"] for m in messages]
+        assert set(roles) <= {"system", "user", "assistant", "tool"}, roles
+        assert "assistant" in roles and roles[0] in ("system", "user"), roles
+        # Turn by turn: the model's turns counted as stored (nothing dropped at this size).
+        assert s["messages_dropped"] in (0, None)
+        assert s["turns"] == roles.count("assistant"), (s["turns"], roles)
+        assert 1 <= s["turns"] <= 3
+        assert s["tool_calls"] >= 0 and 0 <= s["tool_errors"] <= s["tool_calls"]
+        assert s["tool_calls"] == sum(len(m.get("tool_calls") or []) for m in messages), s
+        assert isinstance(s["reward"], float)
+
+
+@pytest.mark.parametrize("kind", list(ENVS))
+def test_each_way_in_trains_with_episode_metrics_and_readable_transcripts(kind, finished, stack):
+    job = finished[kind]
+    _succeeded(job, stack)
+    rows = _trained(job)
+    assert len(rows) == STEPS
+    for values in rows:
+        missing = [m for m in ENV_METRICS if m not in values]
+        assert not missing, (missing, sorted(values))
+        assert 1 <= values["env/turns_mean"] <= 3
+        assert values["env/errors"] == 0, values     # no episode the environment itself broke
+        assert values["time/env_s"] >= 0
+    _check_transcripts(job["sample_rows"])
+    assert all(s["env_error"] is None for s in job["sample_rows"])
+
+
+def test_the_verifiers_episode_opens_with_the_environments_own_prompt(finished):
+    for s in finished["verifiers"]["sample_rows"]:
+        first = s["messages"][0]
+        assert first["role"] == "system" and "calculator" in first["content"], first
+        assert s["reward"] in (0.0, 1.0)        # vf_calc's rubric
+
+
+def test_the_openenv_episode_is_the_servers_game(finished):
+    for s in finished["openenv"]["sample_rows"]:
+        assert any(m["role"] == "user" for m in s["messages"])
+        # The server pays -0.1 per wrong guess and 1.0 for the right one (server.py).
+        assert -0.31 <= s["reward"] <= 1.0
+        # Turn by turn: after the opening, the model's turns and the server's answers alternate.
+        roles = [m["role"] for m in s["messages"]][1:]
+        assert roles[0::2] == ["assistant"] * len(roles[0::2]) and set(roles[1::2]) <= {"user"}, roles
+    assert any(s["turns"] >= 2 for s in finished["openenv"]["sample_rows"])
+
+
+def test_the_tools_reward_runs_in_the_jobs_sandbox_and_nothing_is_left(finished, stack):
+    job = finished["tools"]
+    _succeeded(job, stack)
+    assert job["sandboxes_seen"], "no sandbox process tagged with the job was ever seen"
+    for s in job["sample_rows"]:
+        if s["truncated"]:
+            continue
+        # sum: the verifier's 0 or 1 plus _reward's quarter per message, computed in the sandbox.
+        verdict = s["reward"] - 0.25 * len(s["messages"])
+        assert min(abs(verdict), abs(verdict - 1)) < 1e-6, (s["reward"], s["messages"])
+    deadline = time.monotonic() + 10
+    while _job_sandboxes(job["id"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _job_sandboxes(job["id"]) == []
+
+
+def test_no_openenv_session_is_left_on_the_server(finished, stack):
+    """Every session the job opened is closed: the server has all its capacity free again."""
+    from trainer.rollouts.environments import openenv_env as oe
+    from trainer.tasks.base import Example
+
+    _, _, server_url = stack
+    env = oe.build({"type": "openenv", "name": "guess", "args": {}},
+                   settings={"openenv_servers": json.dumps({"guess": {"url": server_url, "retries": 1}})},
+                   tag="agents-e2e-check")
+    try:
+        episodes = [env.episode(Example(question=f"seed {s}", answer="", payload={"openenv": "guess", "seed": s}), 0)
+                    for s in range(MAX_SESSIONS)]
+
+        async def start_all():
+            return await asyncio.gather(*(ep.start() for ep in episodes), return_exceptions=True)
+
+        results = asyncio.run(start_all())
+        assert not [r for r in results if isinstance(r, Exception)], results
+    finally:
+        env.close()
+
+
+def test_an_unlisted_environment_is_refused_by_the_stack(stack):
+    stack, model_dir, _ = stack
+    body = spec("openenv", model_dir)
+    body["task"]["env"] = {**ENVS["openenv"], "name": "http://169.254.169.254/latest"}
+    with BrorlClient(stack.url, stack.key, timeout=30) as client:
+        with pytest.raises(BrorlAPIError) as exc:
+            client.submit(body)
+    assert exc.value.status == 422
+    assert "BRORL_OPENENV_SERVERS" in str(exc.value) and "task.env.name" in str(exc.value)
