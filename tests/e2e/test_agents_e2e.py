@@ -1,10 +1,11 @@
 """Agents end to end: the three ways in (`task.env`) trained through `brorl up` on a CPU.
 
-One stack (the real API, Celery worker and trainer) runs three jobs side by side, each two
+One stack (the real API, Celery worker and trainer) runs four jobs side by side, each two
 steps on the suite's shared warm-started builtin:tiny (tests/support/tinyprebuild.py, a folder
 under BRORL_MODEL_ROOTS) with the hf engine:
-- a `verifiers` ToolEnv written with the library's own classes (tests/support/vf_envs/vf_calc.py,
-  on the worker's PYTHONPATH and listed in BRORL_ENVIRONMENTS), prompts and reward its own;
+- a `verifiers` ToolEnv and a MultiTurnEnv written with the library's own classes
+  (tests/support/vf_envs/vf_calc.py, vf_guess.py, on the worker's PYTHONPATH and listed in
+  BRORL_ENVIRONMENTS), prompts and reward their own;
 - an OpenEnv server this test starts (openenv-core's own classes, tests/support/openenv_server),
   listed by name in BRORL_OPENENV_SERVERS, prompts from reset, reward the server's;
 - built-in tools: the tenant's Python `add` and the code interpreter, run in the sandbox, the
@@ -58,6 +59,8 @@ def _reward(messages: list) -> float:
 ENVS = {
     "verifiers": {"type": "verifiers", "name": "vf-calc", "max_turns": 3, "max_total_tokens": 96,
                   "args": {"num_examples": 8, "digits": 3, "num_eval": 2, "max_turns": 3}},
+    "verifiers-multiturn": {"type": "verifiers", "name": "vf-guess", "max_turns": 3, "max_total_tokens": 96,
+                            "args": {"num_examples": 20, "max_turns": 3}},
     "openenv": {"type": "openenv", "name": "guess", "max_turns": 3, "max_total_tokens": 96,
                 "args": {"train_size": 8, "eval_size": 2}},
     # reward sum: the built-in verifier over the final answer plus the tools' own _reward
@@ -96,7 +99,7 @@ def stack(tmp_path_factory) -> Iterator[tuple[Stack, Path, str]]:
                 "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1",
                 "BRORL_MODEL_ROOTS": str(model_dir.parent),
                 "PYTHONPATH": path,
-                "BRORL_ENVIRONMENTS": "vf-calc",
+                "BRORL_ENVIRONMENTS": "vf-calc,vf-guess",
                 "BRORL_OPENENV_SERVERS": json.dumps({"guess": server_url})}) as stack:
             yield stack, model_dir, server_url
 
@@ -121,7 +124,7 @@ def finished(stack) -> dict[str, dict]:
             job["sample_rows"] = [s for step in range(1, STEPS + 1) for s in client._json(
                 "GET", f"/v1/jobs/{job_id}/samples", params={"step": step})["data"]]
             jobs[kind] = job
-    print(f"agents e2e: three jobs in {time.monotonic() - started:.0f} s")
+    print(f"agents e2e: {len(ids)} jobs in {time.monotonic() - started:.0f} s")
     return jobs
 
 
@@ -180,6 +183,18 @@ def test_the_verifiers_episode_opens_with_the_environments_own_prompt(finished):
         first = s["messages"][0]
         assert first["role"] == "system" and "calculator" in first["content"], first
         assert s["reward"] in (0.0, 1.0)        # vf_calc's rubric
+
+
+def test_the_verifiers_multiturn_episode_is_answered_by_the_environment_turn_by_turn(finished):
+    samples = finished["verifiers-multiturn"]["sample_rows"]
+    for s in samples:
+        roles = [m["role"] for m in s["messages"]]
+        assert roles[:2] == ["system", "user"], roles
+        # vf_guess answers every guess ("higher", "lower", "Correct! ..."): turns alternate.
+        rest = roles[2:]
+        assert rest[0::2] == ["assistant"] * len(rest[0::2]) and set(rest[1::2]) <= {"user"}, roles
+        assert s["reward"] in (0.0, 1.0)        # its rubric: solved (guesses weighs 0)
+    assert any(s["turns"] >= 2 for s in samples)
 
 
 def test_the_openenv_episode_is_the_servers_game(finished):
