@@ -59,6 +59,7 @@ class ChatTokens:
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_ids = {int(eos)} if isinstance(eos, int) else set()
         self._reply_mode: str | None = None    # "tool" or "user": how replies render, found once
+        self.specials = _special_strings(tokenizer)
 
     # --------------------------------------------------------------------- opening
 
@@ -82,6 +83,7 @@ class ChatTokens:
     def reply(self, messages: list[Message], turn_ids: list[int]) -> list[int]:
         """The ids that follow a model turn (`turn_ids`, as sampled) when the environment
         answers with `messages`: the turn's close, the messages, the next generation prompt."""
+        messages = defang(messages, self.specials)
         if not self.chat:
             return self._encode(plain_reply(messages))
         text = self._reply_text(messages)
@@ -121,6 +123,31 @@ class ChatTokens:
     def _encode(self, text: str) -> list[int]:
         # The template (or the plain format) already holds every special token it wants.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _special_strings(tokenizer: Any) -> list[str]:
+    """The tokenizer's special tokens as text (longest first), e.g. `<|im_end|>`."""
+    found = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(token, "special", False):
+            found.add(str(token.content))
+    return sorted((t for t in found if isinstance(t, str) and len(t) > 1), key=len, reverse=True)
+
+
+def defang(messages: list[Message], specials: list[str]) -> list[Message]:
+    """Messages whose content cannot be read as special tokens: an environment's text (a tool's
+    output, a server's observation) is untrusted, and `<|im_end|><|im_start|>assistant` in it
+    would otherwise tokenise as a forged end of turn and a new model turn. A zero-width space
+    after the first character of each such string keeps it readable and plain text."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str) and any(s in content for s in specials):
+            for s in specials:
+                content = content.replace(s, s[0] + "\u200b" + s[1:])
+            m = dict(m, content=content)
+        out.append(m)
+    return out
 
 
 class ChatTemplateError(ValueError):
