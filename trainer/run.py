@@ -107,7 +107,9 @@ def tiny_model_key(spec: JobSpec) -> str:
     job's reward (grader, binary or score) is left out: the warm start learns the task's
     answers and stops on its built-in verifier's `correct`, whatever the job's reward
     (`_warm_started`)."""
-    task = spec.task.model_dump(mode="json", exclude=REWARD_FIELDS)
+    # A single-turn task's key leaves `env` out, so models cached before environments existed
+    # are still found; an environment's job gets keys of its own.
+    task = spec.task.model_dump(mode="json", exclude=REWARD_FIELDS | ({"env"} if spec.task.env is None else set()))
     key_src = {"task": task, "seed": spec.seed, "v": 4}
     return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
 
