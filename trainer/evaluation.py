@@ -2,7 +2,8 @@
 
 Each model (the base the job started from, then each checkpoint) is loaded in turn with
 `trainer.evaluate.opened` (the engine, prompt rendering and scorer of training's own
-evaluation) and sampled through the rollout seam `trainer.rollouts.generate_and_score`, in
+evaluation) and sampled through the rollout seam (`trainer.probe.rollout_chunk`: single
+completions, or episodes against the job's environment when its task has a `task.env`), in
 chunks of at most `chunk_samples` samples (`trainer.probe.chunk_plan`), with the same seed for
 every model, so the models see the same prompts and the same random draws. A cancel is looked
 at before each chunk; `on_progress` hears after each one. The per-prompt correct counts become
@@ -20,10 +21,10 @@ from trainer.algo.eval_compare import (INTERVAL, best_of, delta_intervals, pass_
                                        prompt_changes)
 from trainer.evaluate import EvalContext, opened
 from trainer.evaluation_spec import EvaluationSpec
-from trainer.probe import Tally, chunk_plan
+from trainer.probe import Tally, chunk_plan, rollout_chunk
 from trainer.probe_spec import PROBE_MAX_PROMPTS
 from trainer.prompt_stream import mix_seed
-from trainer.rollouts import SamplingConfig, generate_and_score
+from trainer.rollouts import SamplingConfig
 from trainer.spec import JobSpec
 from trainer.stop import stop_check
 
@@ -41,7 +42,7 @@ class Model:
     folder: Path | None
 
 
-def _sample(ctx: EvalContext, spec: EvaluationSpec, check: Callable[[], None],
+def _sample(ctx: EvalContext, spec: EvaluationSpec, job: JobSpec, check: Callable[[], None],
             done: int, total: int, label: str, on_progress: Progress | None) -> Tally:
     prompts = len(ctx.prompt_ids)
     tally = Tally(correct=[0] * prompts, reward_sum=[0.0] * prompts)
@@ -49,8 +50,7 @@ def _sample(ctx: EvalContext, spec: EvaluationSpec, check: Callable[[], None],
         check()
         sampling = SamplingConfig(n=count, max_new_tokens=spec.max_new_tokens, temperature=spec.temperature,
                                   top_p=spec.top_p, seed=mix_seed(spec.seed, 7919, call))
-        episodes = generate_and_score(ctx.engine, ctx.tokenizer, ctx.scorer, [ctx.prompt_ids[i] for i in idx],
-                                      [ctx.examples[i] for i in idx], sampling, check=check)
+        episodes = rollout_chunk(ctx, job, idx, sampling, check)
         tally.add([idx[g] for g in episodes.prompt_index], episodes)
         if on_progress:
             on_progress({"samples_done": done + tally.samples, "samples_total": total, "model": label})
@@ -59,11 +59,14 @@ def _sample(ctx: EvalContext, spec: EvaluationSpec, check: Callable[[], None],
 
 def _model_row(model: Model, tally: Tally, spec: EvaluationSpec, seconds: float) -> dict:
     samples = max(tally.samples, 1)
-    return {"label": model.label, "step": model.step, "correct": tally.correct,
-            "pass_at_k": pass_at_k_intervals(tally.correct, spec.n, spec.ks(), seed=spec.seed),
-            "mean_reward": sum(tally.reward_sum) / samples,
-            "response_len_mean": tally.tokens / samples, "truncated_frac": tally.truncated / samples,
-            "samples": tally.samples, "tokens": tally.tokens, "seconds": seconds}
+    row = {"label": model.label, "step": model.step, "correct": tally.correct,
+           "pass_at_k": pass_at_k_intervals(tally.correct, spec.n, spec.ks(), seed=spec.seed),
+           "mean_reward": sum(tally.reward_sum) / samples,
+           "response_len_mean": tally.tokens / samples, "truncated_frac": tally.truncated / samples,
+           "samples": tally.samples, "tokens": tally.tokens, "seconds": seconds}
+    if (env := tally.env_figures()) is not None:  # a task.env's episodes
+        row["env"] = env
+    return row
 
 
 def compare(rows: list[dict], spec: EvaluationSpec) -> None:
@@ -101,7 +104,7 @@ def evaluate_models(spec: EvaluationSpec, job: JobSpec, models: list[Model], sho
                 total = len(ctx.prompt_ids) * spec.n * len(models)
                 prompts_text = [e.question[:PROMPT_PREVIEW] for e in ctx.examples]
             done = sum(r["samples"] for r in rows)
-            tally = _sample(ctx, spec, check, done, total, model.label, on_progress)
+            tally = _sample(ctx, spec, job, check, done, total, model.label, on_progress)
         rows.append(_model_row(model, tally, spec, time.perf_counter() - started))
     compare(rows, spec)
     best = best_of(rows)

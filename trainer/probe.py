@@ -3,7 +3,9 @@
 The question a probe answers is BroRL's regime question (docs/probe.md): how many prompts does
 a N = 16 batch leave all-wrong although the model can solve them? It runs the eval split
 through the same rollout seam, engine, prompt rendering and scorer as training and evaluation
-(`trainer.rollouts.generate_and_score`, `trainer.evaluate.opened`), at the training rollout's
+(`rollout_chunk`: `trainer.rollouts.generate_and_score`, or `run_episodes` against the job's
+environment when its task has a `task.env`, with the job's reward mode, max_turns and episode
+budget; `trainer.evaluate.opened` builds that environment once and closes it), at the training rollout's
 temperature by default, and turns the per-prompt correct counts into figures
 (`trainer.algo.probe_stats`) and a recommended schedule (`trainer.algo.recommend`).
 
@@ -23,7 +25,7 @@ from trainer.algo.probe_stats import figures
 from trainer.algo.recommend import recommend
 from trainer.evaluate import EvalContext, opened
 from trainer.prompt_stream import mix_seed
-from trainer.rollouts import Episodes, SamplingConfig, generate_and_score
+from trainer.rollouts import Episodes, SamplingConfig, generate_and_score, run_episodes
 from trainer.spec import JobSpec
 from trainer.stop import stop_check
 from trainer.probe_spec import ProbeSpec
@@ -59,6 +61,14 @@ class Tally:
     timeouts: int = 0
     gen_s: float = 0.0
     score_s: float = 0.0
+    # Multi-turn episodes (task.env): sums over the samples (docs/metrics.md's env/* names).
+    episodes: bool = False
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    budget_truncated: int = 0
+    env_errors: int = 0
+    env_s: float = 0.0
 
     def add(self, owners: list[int], episodes: Episodes) -> None:
         """One chunk's episodes; `owners[i]`: the prompt (of all) that sample i answers."""
@@ -71,11 +81,52 @@ class Tally:
         self.timeouts += episodes.timeouts
         self.gen_s += episodes.gen_s
         self.score_s += episodes.score_s
+        if episodes.turns:  # run_episodes' samples
+            self.episodes = True
+            self.turns += sum(episodes.turns)
+            self.tool_calls += sum(episodes.tool_calls)
+            self.tool_errors += sum(episodes.tool_errors)
+            self.budget_truncated += sum(episodes.budget_truncated)
+            self.env_errors += episodes.env_errors
+            self.env_s += episodes.env_s
+
+    def env_figures(self) -> dict | None:
+        """The episodes' figures (None for single-turn samples): per sample means of model
+        turns, tool calls and tool errors, the share ended by the episode budget, the
+        trajectories the environment itself broke, and the seconds awaiting it."""
+        if not self.episodes:
+            return None
+        n = max(self.samples, 1)
+        return {"turns_mean": self.turns / n, "tool_calls_mean": self.tool_calls / n,
+                "tool_errors_mean": self.tool_errors / n, "budget_truncated_frac": self.budget_truncated / n,
+                "errors": self.env_errors, "seconds": self.env_s}
 
 
-def sample_counts(ctx: EvalContext, probe: ProbeSpec, check: Callable[[], None],
+def rollout_chunk(ctx: EvalContext, job: JobSpec, idx: list[int], sampling: SamplingConfig,
+                  check: Callable[[], None]) -> Episodes:
+    """`sampling.n` samples of each prompt `idx` of `ctx`, scored, through the rollout seam:
+    single completions, or, when `job` has a `task.env`, episodes against `ctx.env` with the
+    job's reward mode, max_turns and episode budget (as a training step runs them). An
+    environment's task is never sampled single-turn: without `ctx.env` it is an error."""
+    examples = [ctx.examples[i] for i in idx]
+    env = job.task.env
+    if env is None:
+        return generate_and_score(ctx.engine, ctx.tokenizer, ctx.scorer, [ctx.prompt_ids[i] for i in idx],
+                                  examples, sampling, check=check)
+    if ctx.env is None:
+        raise RuntimeError(f"task.env (type {env.type}) has no environment opened: its prompts are "
+                           "episodes, never single completions")
+    from trainer.run import env_budget
+
+    return run_episodes(ctx.engine, ctx.tokenizer, ctx.env, ctx.scorer, examples, sampling,
+                        max_turns=env.max_turns, max_total_tokens=env_budget(job),
+                        reward_mode=env.reward_mode, check=check, max_context=ctx.max_context)
+
+
+def sample_counts(ctx: EvalContext, probe: ProbeSpec, job: JobSpec, check: Callable[[], None],
                   on_progress: Progress | None = None) -> Tally:
-    """Correct counts of `probe.n` samples on each prompt of `ctx`, chunk by chunk."""
+    """Correct counts of `probe.n` samples on each prompt of `ctx`, chunk by chunk (`job`: the
+    spec sampled, whose `task.env` makes each sample an episode)."""
     prompts = len(ctx.prompt_ids)
     tally = Tally(correct=[0] * prompts, reward_sum=[0.0] * prompts)
     total = prompts * probe.n
@@ -83,8 +134,7 @@ def sample_counts(ctx: EvalContext, probe: ProbeSpec, check: Callable[[], None],
         check()
         sampling = SamplingConfig(n=count, max_new_tokens=probe.max_new_tokens, temperature=probe.temperature,
                                   top_p=probe.top_p, seed=mix_seed(probe.seed, 7919, call))
-        episodes = generate_and_score(ctx.engine, ctx.tokenizer, ctx.scorer, [ctx.prompt_ids[i] for i in idx],
-                                      [ctx.examples[i] for i in idx], sampling, check=check)
+        episodes = rollout_chunk(ctx, job, idx, sampling, check)
         tally.add([idx[g] for g in episodes.prompt_index], episodes)
         if on_progress:
             on_progress({"samples_done": tally.samples, "samples_total": total})
@@ -109,6 +159,8 @@ def result_of(tally: Tally, probe: ProbeSpec, base: JobSpec, seconds: float) -> 
         "temperature": probe.temperature,
         "max_new_tokens": probe.max_new_tokens,
     })
+    if (env := tally.env_figures()) is not None:
+        out["env"] = env
     out["recommendation"] = recommend(out, base)
     return out
 
@@ -128,7 +180,7 @@ def probe(spec: ProbeSpec, base: JobSpec, should_stop: Callable[[], bool], *, mo
     t0 = time.perf_counter()
     with opened(base, model_dir, dataset_path, prompts=spec.prompts,
                 max_num_seqs=min(spec.chunk_samples, spec.n * spec.prompts), stop_check=check) as ctx:
-        tally = sample_counts(ctx, spec, check, on_progress)
+        tally = sample_counts(ctx, spec, base, check, on_progress)
     result = result_of(tally, spec, base, time.perf_counter() - t0)
     if result["prompts"] < spec.prompts:
         result["note"] = f"the eval split has {result['prompts']} prompts; {spec.prompts} were asked for"
@@ -145,8 +197,9 @@ def probe_policy(ctx: EvalContext, spec: JobSpec, n: int, prompts: int, at_n: in
     pspec = ProbeSpec(model=spec.model, task=spec.task, n=n, prompts=prompts, seed=seed,
                       max_new_tokens=spec.rollout.max_new_tokens, temperature=spec.rollout.temperature,
                       top_p=spec.rollout.top_p)
-    sub = EvalContext(ctx.engine, ctx.tokenizer, ctx.scorer, ctx.examples[:prompts], ctx.prompt_ids[:prompts])
+    sub = EvalContext(ctx.engine, ctx.tokenizer, ctx.scorer, ctx.examples[:prompts], ctx.prompt_ids[:prompts],
+                      env=ctx.env, max_context=ctx.max_context)
     t0 = time.perf_counter()
-    tally = sample_counts(sub, pspec, check)
+    tally = sample_counts(sub, pspec, spec, check)
     return {**decision_figures(tally.correct, n, at_n), "truncated_frac": tally.truncated / max(tally.samples, 1),
             "seconds": time.perf_counter() - t0}
