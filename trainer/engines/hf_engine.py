@@ -21,6 +21,19 @@ new token's at every step and layer (O(length^2) copying: ~a quarter of a 256-to
 generation's time on the CPU). The attention reads the filled part as a view: same values,
 same samples (`test_hf_preallocated_cache_keeps_the_samples`).
 
+Prompts of one call that share a long common prefix (the opening of one prompt's
+trajectories at every turn of a multi-turn episode, `trainer/rollouts/multiturn.py`) have it
+prefilled once (`_plan_prefixes`: the prompts sorted, neighbours' common prefixes, groups chosen
+to save the most prefill tokens): each group's prefix runs once, its keys/values are copied to
+the group's prompts, and only each prompt's own suffix runs on top, left-padded in its own
+block with the padding masked and explicit position ids that continue from the prefix length.
+The row layout is [pad | prefix | pad | suffix], so the chunk bounds count that width. It is
+only used on models whose every layer attends to the whole sequence (padding inside the row
+would shift a sliding window), when a group's prefix is at least `min_shared_prefix` tokens
+and the padded prefill shrinks by at least a quarter; otherwise (distinct prompts of a
+single-turn step) the call runs as before. Same tokens and log-probs up to float rounding
+(`tests/trainer/engines/test_hf_prefix.py`).
+
 The engine uses the trainer's model object itself, so `sync_weights` has nothing to load and
 nothing can be stale: it returns 0.0 at once. (Given a different module it copies the
 state dict and checks the copy tensor by tensor.)
@@ -40,6 +53,8 @@ from trainer.rollouts import Generation, SamplingConfig
 # Key/value cache one generation chunk may hold (keys and values of every layer, all rows at
 # the full prompt + max_new_tokens width, allocated at once: `_Preallocated`).
 MAX_KV_BYTES = 512 * 2**20
+# Shortest common prefix prompts of one call must share to have it prefilled once.
+MIN_SHARED_PREFIX = 32
 
 
 class HFEngine:
@@ -48,7 +63,8 @@ class HFEngine:
     def __init__(self, model: torch.nn.Module, tokenizer_or_eos_id, *, seed: int = 0,
                  max_batch_tokens: int = 131_072, pad_id: int | None = None,
                  compute_dtype: torch.dtype = torch.float32, max_kv_bytes: int | None = None,
-                 compact: bool = True, preallocate: bool = True):
+                 compact: bool = True, preallocate: bool = True,
+                 min_shared_prefix: int | None = MIN_SHARED_PREFIX):
         self.model = model
         self.compute_dtype = compute_dtype
         if isinstance(tokenizer_or_eos_id, int):
@@ -67,6 +83,8 @@ class HFEngine:
         self.max_kv_bytes = MAX_KV_BYTES if max_kv_bytes is None else max_kv_bytes
         self.compact = compact
         self.preallocate = preallocate
+        # None: never prefill a shared prefix once (every prompt whole, as before).
+        self.min_shared_prefix = min_shared_prefix
 
     # ------------------------------------------------------------------ interface
 
@@ -78,11 +96,18 @@ class HFEngine:
         out = Generation(prompt_index=[], token_ids=[], logprobs=[], finished=[])
         was_training = self.model.training
         self.model.eval()
+        plan = self._plan_prefixes(prompts)
+        if plan is None:
+            width = max(map(len, prompts))
+        else:
+            width = max(plan[1]) + max(len(p) - n for p, n in zip(prompts, plan[1]))
         try:
-            for chunk in self._chunks(prompts, sampling):
+            for chunk in self._chunks(prompts, sampling, width):
+                shared = None if plan is None else ([plan[0][p] for p, _ in chunk], [plan[1][p] for p, _ in chunk])
                 with autocast(device, self.compute_dtype):
                     ids, lps, fin = self._generate_chunk(
-                        [prompts[p] for p, _ in chunk], [c for _, c in chunk], sampling, gen, ignore_eos)
+                        [prompts[p] for p, _ in chunk], [c for _, c in chunk], sampling, gen, ignore_eos,
+                        shared)
                 for (p, count) in chunk:
                     out.prompt_index.extend([p] * count)
                 out.token_ids.extend(ids)
@@ -113,13 +138,70 @@ class HFEngine:
 
     # ------------------------------------------------------------------ internals
 
-    def _chunks(self, prompts: list[list[int]], sampling: SamplingConfig):
+    def _plan_prefixes(self, prompts: list[list[int]]):
+        """(group id, prefix length) per prompt when prefilling shared prefixes once pays, else None.
+
+        The prompts are sorted; a run of neighbours whose common prefixes are all at least
+        `min_shared_prefix` long can share the shortest of them. Within a run, splitting at its
+        shortest neighbour prefix (into runs that share longer ones) is chosen where it saves
+        more prefill tokens ((members - 1) x prefix per group), so the openings of several
+        prompts that also share a system prompt are grouped per opening. Each prefix stops at
+        least one token short of its prompts (the suffix's last position gives the logits).
+        A prompt in no group gets a "group" of its own whose prefix is as long as the longest
+        shared one allows, which keeps the row width [prefix | suffix] near the longest prompt.
+        Cheap when prompts share nothing: one sort and a slice comparison per neighbour pair.
+        """
+        least = self.min_shared_prefix
+        if least is None or len(prompts) < 2 or _attention_window(self.model) is not None:
+            return None
+        order = sorted(range(len(prompts)), key=prompts.__getitem__)
+        adj = [_common_prefix(prompts[a], prompts[b], least) for a, b in zip(order, order[1:])]
+        if not any(adj):
+            return None
+
+        def best(lo: int, hi: int, depth: int = 0) -> tuple[int, list]:
+            """Best grouping of sorted positions lo..hi (inclusive): (tokens saved, groups)."""
+            if lo == hi:
+                return 0, [([lo], 0)]
+            low = min(adj[lo:hi])
+            whole = (hi - lo) * low if low else -1
+            if depth > 64 and whole >= 0:
+                return whole, [(list(range(lo, hi + 1)), low)]
+            saved, parts, start = 0, [], lo
+            for i in range(lo, hi + 1):
+                if i == hi or adj[i] == low:
+                    s, g = best(start, i, depth + 1)
+                    saved, start = saved + s, i + 1
+                    parts.extend(g)
+            if whole >= saved:
+                return whole, [(list(range(lo, hi + 1)), low)]
+            return saved, parts
+
+        groups = best(0, len(order) - 1)[1]  # (sorted positions, prefix length) per group
+        width = max(n for _, n in groups)
+        group_of, prefix = [0] * len(prompts), [0] * len(prompts)
+        for g, (members, n) in enumerate(groups):
+            for m in members:
+                p = order[m]
+                group_of[p] = g
+                # A prompt of its own: as much of it as fits the shared width in the prefix part.
+                prefix[p] = n if len(members) > 1 else min(len(prompts[p]) - 1, width)
+        # Padded prefill tokens (prefix rows + suffix rows) against every prompt whole.
+        longest = max(map(len, prompts))
+        suffix = max(len(p) - n for p, n in zip(prompts, prefix))
+        total = len(groups) * max(prefix) + len(prompts) * suffix
+        if 4 * total > 3 * len(prompts) * longest:
+            return None
+        return group_of, prefix
+
+    def _chunks(self, prompts: list[list[int]], sampling: SamplingConfig, width: int | None = None):
         """Lists of (prompt index, sample count) whose rows fit `max_batch_tokens`.
 
         Rows of one prompt stay contiguous and in order, so concatenating the chunks keeps the
         prompt-major layout; a prompt whose n samples alone exceed the budget is split.
+        `width`: a row's prompt part (the longest prompt, or the shared-prefix layout's width).
         """
-        width = max(map(len, prompts)) + sampling.max_new_tokens
+        width = (max(map(len, prompts)) if width is None else width) + sampling.max_new_tokens
         max_rows = max(1, min(self.max_batch_tokens // width,
                               self.max_kv_bytes // (kv_bytes_per_token(self.model) * width)))
         chunk, rows = [], 0
@@ -136,20 +218,49 @@ class HFEngine:
         if chunk:
             yield chunk
 
-    @torch.inference_mode()
-    def _generate_chunk(self, prompts, counts, sampling, gen, ignore_eos):
-        device = next(self.model.parameters()).device
-        width = max(map(len, prompts))
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=device)
+    def _left_padded(self, seqs: list[list[int]], device):
+        width = max(map(len, seqs))
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long, device=device)
         mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p, device=device)
-            mask[i, width - len(p):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        # Prefill the unique prompts once, then replicate their cache rows per sample. Only the
-        # last position's logits are needed: logits_to_keep=1 skips a [P, width, V] projection.
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         logits_to_keep=1)
+        for i, p in enumerate(seqs):
+            if p:
+                ids[i, width - len(p):] = torch.tensor(p, device=device)
+                mask[i, width - len(p):] = 1
+        return ids, mask
+
+    def _prefill_shared(self, prompts, shared, device):
+        """Each group's prefix once, its cache copied to the group's prompts, then the suffixes
+        on top: (output, attention mask over [prefix block | suffix block], position ids)."""
+        group_of, prefix = shared
+        first: dict[int, int] = {}
+        for i, g in enumerate(group_of):
+            first.setdefault(g, i)
+        heads = list(first.values())
+        row = torch.tensor([heads.index(first[g]) for g in group_of], device=device)
+        ids, pmask = self._left_padded([prompts[i][:prefix[i]] for i in heads], device)
+        ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
+        cache = self.model(input_ids=ids, attention_mask=pmask, position_ids=ppos, use_cache=True,
+                           logits_to_keep=1).past_key_values
+        cache.batch_select_indices(row)
+        sids, smask = self._left_padded([p[n:] for p, n in zip(prompts, prefix)], device)
+        spos = (smask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(prefix, device=device)[:, None]
+        mask = torch.cat([pmask[row], smask], -1)
+        out = self.model(input_ids=sids, attention_mask=mask, position_ids=spos, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        return out, mask, spos
+
+    @torch.inference_mode()
+    def _generate_chunk(self, prompts, counts, sampling, gen, ignore_eos, shared=None):
+        device = next(self.model.parameters()).device
+        if shared is not None and len(set(shared[0])) < len(prompts):
+            out, mask, pos = self._prefill_shared(prompts, shared, device)
+        else:
+            ids, mask = self._left_padded(prompts, device)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            # Prefill the unique prompts once, then replicate their cache rows per sample. Only the
+            # last position's logits are needed: logits_to_keep=1 skips a [P, width, V] projection.
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                             logits_to_keep=1)
         rep = torch.repeat_interleave(torch.arange(len(prompts), device=device),
                                       torch.tensor(counts, device=device))
         cache = out.past_key_values
@@ -250,6 +361,35 @@ def _preallocate(cache, extra: int) -> None:
     for i, layer in enumerate(layers):
         if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.numel():
             layers[i] = _Preallocated(layer, extra)
+
+
+def _common_prefix(a: list[int], b: list[int], least: int) -> int:
+    """Length of a and b's common prefix, capped one short of the shorter; 0 under `least`."""
+    cap = min(len(a), len(b)) - 1
+    if cap < least or a[:least] != b[:least]:
+        return 0
+    lo, hi = least, cap  # a[:lo] == b[:lo]; find the largest such lo <= cap by halving
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _attention_window(model) -> int | None:
+    """The narrowest local attention span any layer uses (sliding window, attention chunk), or
+    None when every layer attends to the whole sequence (as `trainer.optim.update`'s)."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    types = getattr(cfg, "layer_types", None)
+    if types is not None and not any(t in ("sliding_attention", "chunked_attention") for t in types):
+        return None
+    if getattr(cfg, "use_sliding_window", True) is False and not getattr(cfg, "attention_chunk_size", None):
+        return None
+    spans = [s for s in (getattr(cfg, "sliding_window", None), getattr(cfg, "attention_chunk_size", None)) if s]
+    return min(spans) if spans else None
 
 
 def kv_bytes_per_token(model) -> int:
