@@ -140,8 +140,11 @@ class VLLMEngine:
         """n samples per unique prompt via `SamplingParams(n=...)` (shares the prompt prefix)."""
         from vllm import SamplingParams
 
+        # vLLM refuses n > 1 with greedy decoding (temperature 0), whose n samples are one and
+        # the same: ask for one and repeat it, as the HF engine's greedy samples come out.
+        greedy = sampling.temperature == 0
         params = [SamplingParams(
-            n=sampling.n, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+            n=1 if greedy else sampling.n, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
             top_p=sampling.top_p, logprobs=0, ignore_eos=ignore_eos,
             # Distinct per prompt; vLLM gives child sample j the seed + j.
             seed=(sampling.seed * 1_000_003 + i * 65_537) % (2 ** 62))
@@ -150,7 +153,8 @@ class VLLMEngine:
                                  use_tqdm=False, lora_request=self.lora_request)
         gen = Generation(prompt_index=[], token_ids=[], logprobs=[], finished=[])
         for i, req in enumerate(outs):
-            for c in sorted(req.outputs, key=lambda c: c.index):
+            for c in [c for c in sorted(req.outputs, key=lambda c: c.index)
+                      for _ in range(sampling.n if greedy else 1)]:
                 ids = list(c.token_ids)
                 gen.prompt_index.append(i)
                 gen.token_ids.append(ids)
