@@ -183,7 +183,8 @@ def train_child(cfg: dict) -> None:
     from trainer.spec import JobSpec
 
     spec = JobSpec.model_validate(base_spec(cfg["model"], n=cfg["n"], prompts=cfg["prompts"],
-                                            steps=cfg["steps"], eval_every=cfg["eval_every"], lr=cfg["lr"]))
+                                            steps=cfg["steps"], eval_every=cfg["eval_every"], lr=cfg["lr"],
+                                            seed=cfg.get("seed", 0)))
     sink = Sink()
     t0 = time.perf_counter()
     train(spec, sink, lambda: False, out_dir=Path(cfg["out_dir"]))
@@ -205,8 +206,8 @@ def train_child(cfg: dict) -> None:
 
 def run_train(args, n: int, prompts: int, steps: int) -> dict:
     cfg = {"model": str((HERE / "model").resolve()), "n": n, "prompts": prompts, "steps": steps,
-           "eval_every": args.eval_every, "lr": args.lr,
-           "out_dir": str(HERE / "work" / f"n{n}_p{prompts}_s{steps}")}
+           "eval_every": args.eval_every, "lr": args.lr, "seed": args.seed,
+           "out_dir": str(HERE / "work" / f"n{n}_p{prompts}_s{steps}_seed{args.seed}")}
     print(f"train: N={n} x {prompts} prompts x {steps} steps", flush=True)
     res = run_child([__file__, "--child", json.dumps(cfg)], timeout=args.timeout,
                     env={"OMP_NUM_THREADS": "1"})
@@ -333,6 +334,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=128, help="compare: samples per step (prompts x N)")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="train/compare: the job's seed (its questions, split and sampling; the model stays)")
     ap.add_argument("--turn-tokens", type=int, default=40)
     ap.add_argument("--reply-chars", type=int, default=4)
     ap.add_argument("--speed-n", type=int, default=16)
@@ -355,7 +358,7 @@ def main() -> None:
         out = {}
         for n in (args.n_small, args.n_broad):
             out[f"n{n}"] = run_train(args, n, args.samples // n, args.steps)
-        save("compare", out)
+        save("compare" if args.seed == 0 else f"compare_seed{args.seed}", out)
     if args.what in ("speed", "all"):
         save("speed", speed(args))
 
