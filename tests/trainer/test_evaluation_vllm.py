@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import shutil
+import threading
 import weakref
 
 import pytest
@@ -94,6 +95,7 @@ def test_base_and_checkpoint_on_vllm_one_engine_at_a_time_none_left_and_agrees_w
     me = os.getpid()
     before = set(_engine_processes(me))
     rss0 = psutil.Process(me).memory_info().rss
+    threads0 = threading.active_count()
     progress = []
     result = evaluate_models(spec, sampling_job_spec(asked, job), models, lambda: False,
                              on_progress=progress.append)
@@ -106,6 +108,7 @@ def test_base_and_checkpoint_on_vllm_one_engine_at_a_time_none_left_and_agrees_w
     assert len(freed) == 2 and all(ref() is None for ref in freed), "a closed vLLM engine is still referenced"
     assert set(_engine_processes(me)) - before == set(), _engine_processes(me)
     rss_growth = psutil.Process(me).memory_info().rss - rss0
+    threads = [t.name for t in threading.enumerate()]
 
     rows = result["models"]
     assert [r["label"] for r in rows] == ["base", "step 1"] and [r["step"] for r in rows] == [None, 1]
@@ -131,5 +134,5 @@ def test_base_and_checkpoint_on_vllm_one_engine_at_a_time_none_left_and_agrees_w
         assert differ <= 1, (mine["label"], mine["correct"], theirs["correct"])
         assert abs(mine["response_len_mean"] - theirs["response_len_mean"]) <= 2, (mine, theirs)
     print(f"vllm eval {result['seconds']:.1f}s, hf eval {hf['seconds']:.1f}s, "
-          f"rss growth over the vllm evaluation {rss_growth / 2**20:.0f} MiB; "
+          f"rss growth over the vllm evaluation {rss_growth / 2**20:.0f} MiB; threads {threads0} -> {threads}; "
           f"vllm correct {[r['correct'] for r in rows]}, hf {[r['correct'] for r in hf['models']]}")
