@@ -77,13 +77,4 @@ def _evaluate_and_record(lease: Lease, spec: EvaluationSpec, sampling: Any, mode
     except Exception as exc:  # noqa: BLE001 - an evaluation's error fails it, not the worker
         return lease.fail(exc, 1, enqueue)
 
-    def succeed() -> str | None:
-        if result is None:  # stopped, yet nothing says why: leave it to the lease and reaper
-            log.warning("evaluation %s stopped without an outcome; the reaper will requeue it", lease.job_id)
-            return None
-
-        def write(s: Any) -> str:
-            jobs.record_result(s, lease.job_id, lease.attempt, result)
-            return jobs.finish(s, lease.job_id, lease.attempt, "succeeded").value
-        return lease.write_outcome("its result", write)
-    return lease.settle(succeed, pausable=False)  # the API pauses training jobs only
+    return lease.settle_with_result(result, "evaluation")

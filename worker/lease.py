@@ -244,6 +244,20 @@ class Lease:
             return self.retry_or_fail(user_message(exc), gpus, enqueue)
         return self.finish("failed", user_message(exc))
 
+    def settle_with_result(self, result: dict[str, Any] | None, kind: str) -> str | None:
+        """`settle` for work whose success is one result (a probe's, an evaluation's): the
+        result recorded with the succeeded status; never paused (the API pauses training jobs only)."""
+        def succeed() -> str | None:
+            if result is None:  # stopped, yet nothing says why: leave it to the lease and reaper
+                log.warning("%s %s stopped without an outcome; the reaper will requeue it", kind, self.job_id)
+                return None
+
+            def write(s: Session) -> str:
+                jobs.record_result(s, self.job_id, self.attempt, result)
+                return jobs.finish(s, self.job_id, self.attempt, "succeeded").value
+            return self.write_outcome("its result", write)
+        return self.settle(succeed, pausable=False)
+
     def settle(self, succeed: Callable[[], str | None], pausable: bool) -> str | None:
         """The outcome of work that returned (stopped or done): `succeed()` writes the job
         kind's success. `pausable`: the work stopped before its end and a resume can go on
