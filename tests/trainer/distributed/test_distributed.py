@@ -56,6 +56,12 @@ def _batch(groups, seed=0) -> Rollouts:
                     correct=torch.tensor(rewards).bool())
 
 
+def _with_env_tokens(batch: Rollouts) -> Rollouts:
+    """The batch as multi-turn samples: response tokens 2..4 written by an environment (mask 0)."""
+    batch.loss_mask = [[0 if 2 <= t < 5 else 1 for t in range(len(r))] for r in batch.response_ids]
+    return batch
+
+
 def _run(policy, spec: JobSpec) -> SimpleNamespace:
     """The fields of trainer.run.Run that `trainer.step.train_on_batch` reads."""
     ref = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -73,8 +79,8 @@ def _update(run, batch) -> dict:
     return train_on_batch(run, batch, index=3)
 
 
-def _local_batch(r: int, ws: int) -> Rollouts:
-    full = _batch(GROUPS)
+def _local_batch(r: int, ws: int, masked: bool = False) -> Rollouts:
+    full = _with_env_tokens(_batch(GROUPS)) if masked else _batch(GROUPS)
     mine = distributed.share(list(range(len(GROUPS))), r, ws)
     rows = torch.isin(full.group, torch.tensor(mine)).nonzero(as_tuple=True)[0]
     local = full.select(rows)
@@ -92,7 +98,7 @@ def _rank_main(r: int, ws: int, port: int, out: str, mode: str = "update", ckpt:
     assert distributed.init_from_env()
     try:
         spec = JobSpec.model_validate(SPEC)
-        local = _local_batch(r, ws)
+        local = _local_batch(r, ws, masked=mode == "masked")
         run = _run(_model(), spec)
         distributed.shard_policy(run.policy, torch.float32)
         if mode == "load":
@@ -151,6 +157,26 @@ def test_two_ranks_update_equals_one_process(tmp_path):
         torch.testing.assert_close(got["weights"][k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
         moved += int(not torch.equal(v, before[k]))
     assert moved == len(before)  # the update did change every tensor: the match is not vacuous
+
+
+@pytest.mark.integration  # two gloo ranks, as above
+def test_two_ranks_honour_the_loss_mask_as_one_process_does(tmp_path):
+    """Multi-turn samples (environment tokens masked) on 2 ranks: the same statistics and
+    weights as one process on the whole masked batch, and not those of the unmasked batch (the
+    token totals all-reduced over the ranks count the model's tokens only)."""
+    out = tmp_path / "rank0.pt"
+    spawn(_rank_main, 2, str(out), "masked")
+    got = torch.load(out, weights_only=False)
+
+    torch.set_num_threads(1)
+    run = _run(_model(), JobSpec.model_validate(SPEC))
+    want = _update(run, _with_env_tokens(_batch(GROUPS)))
+    unmasked = _update(_run(_model(), JobSpec.model_validate(SPEC)), _batch(GROUPS))
+    for k in ("loss", "kl", "entropy", "grad_norm", "is_ratio_mean"):
+        assert got["stats"][k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), k
+    assert got["stats"]["n_tokens"] == want["n_tokens"] < unmasked["n_tokens"]  # model tokens, summed over ranks
+    assert got["stats"]["loss"] != pytest.approx(unmasked["loss"], rel=1e-2)
+    _assert_same_weights(got["weights"], run.policy)
 
 
 def _assert_same_weights(got: dict, model) -> None:
