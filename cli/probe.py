@@ -45,6 +45,11 @@ def print_result(result: dict[str, Any], rec: dict[str, Any]) -> None:
     console.print(f"response length {result['response_len_mean']:.1f} tokens, truncated "
                   f"{result['truncated_frac']:.1%}, {result['samples']} samples, {result['tokens']} tokens, "
                   f"{result['seconds']:.1f} s, {result['samples_per_s']:.1f} samples/s")
+    if env := result.get("env"):  # a task.env job's probe sampled episodes
+        console.print(f"episodes: {env['turns_mean']:.2f} turns, {env['tool_calls_mean']:.2f} tool calls and "
+                      f"{env['tool_errors_mean']:.2f} tool errors per episode, {env['budget_truncated_frac']:.1%} "
+                      f"cut by the budget, {env['errors']} broken by the environment, {env['seconds']:.1f} s "
+                      "in the environment")
     colour = "green" if rec["broaden"] else "yellow"
     console.print(f"[bold {colour}]{rec['verdict']}[/bold {colour}]: {rec['reason']}")
     for i, st in enumerate(rec["schedule"]):

@@ -75,6 +75,11 @@
       ["mean response length (tokens)", result.response_len_mean], ["truncated", result.truncated_frac],
       ["tokens", result.tokens], ["seconds", result.seconds], ["samples/s", result.samples_per_s],
     ];
+    const env = result.env;  // a task.env job's probe sampled episodes
+    if (env) rows.push(
+      ["turns per episode", env.turns_mean], ["tool calls per episode", env.tool_calls_mean],
+      ["tool errors per episode", env.tool_errors_mean], ["cut by the episode budget", env.budget_truncated_frac],
+      ["episodes the environment broke", env.errors], ["seconds in the environment", env.seconds]);
     document.querySelector("#figures tbody").replaceChildren(...rows.map(([name, v]) =>
       el("tr", {}, el("th", { text: name }), el("td", { text: v == null ? "–" : fmt(v) }))));
   }
