@@ -16,6 +16,8 @@ Subcommands (each job runs in a fresh child process, one torch thread):
   train   one job (`trainer.train`, the product's loop) from that model: eval pass@1 before and
           after, tool calls and tool errors per episode, time/* split per step.
   compare N = --n-small against N = --n-broad at equal samples (prompts_per_step x N x steps).
+  notool  the baseline: the same sums and job without the tool, from builtin:tiny's own
+          single-turn warm start capped at --warm-steps SFT steps (its own model cache).
   speed   generation cost of a 3-turn episode against one turn of the same total tokens
           (the multi-turn driver with the HF engine, lengths forced by ignore_eos).
   all     warm, compare, speed.
@@ -182,9 +184,19 @@ def train_child(cfg: dict) -> None:
     from trainer import train
     from trainer.spec import JobSpec
 
-    spec = JobSpec.model_validate(base_spec(cfg["model"], n=cfg["n"], prompts=cfg["prompts"],
-                                            steps=cfg["steps"], eval_every=cfg["eval_every"], lr=cfg["lr"],
-                                            seed=cfg.get("seed", 0)))
+    body = base_spec(cfg["model"], n=cfg["n"], prompts=cfg["prompts"], steps=cfg["steps"],
+                     eval_every=cfg["eval_every"], lr=cfg["lr"], seed=cfg.get("seed", 0))
+    warm = None
+    if cfg.get("notool"):  # the baseline: no tool, builtin:tiny's own single-turn warm start
+        del body["task"]["env"]
+        body["model"] = {"path": "builtin:tiny", "dtype": "float32"}
+    spec = JobSpec.model_validate(body)
+    if cfg.get("notool"):
+        from trainer.run import prepare_tiny_model
+
+        t0 = time.perf_counter()
+        prepare_tiny_model(spec, None, max_sft_steps=cfg["warm_steps"])  # then found in the cache by train
+        warm = time.perf_counter() - t0
     sink = Sink()
     t0 = time.perf_counter()
     train(spec, sink, lambda: False, out_dir=Path(cfg["out_dir"]))
@@ -199,18 +211,21 @@ def train_child(cfg: dict) -> None:
 
     keys = sorted({k for r in steps for k in r if k.startswith(("time/", "env/")) or k in STEP_KEYS})
     first_sample = next(iter(sink.kept.values()), [])
-    emit_result({"config": cfg, "wall_s": wall, "evals": evals, "rows": sink.rows,
+    emit_result({"config": cfg, "wall_s": wall, "warm_s": warm, "evals": evals, "rows": sink.rows,
                  "means": {k: mean(k) for k in keys},
                  "sample": first_sample[0] if first_sample else None})
 
 
-def run_train(args, n: int, prompts: int, steps: int) -> dict:
+def run_train(args, n: int, prompts: int, steps: int, notool: bool = False) -> dict:
     cfg = {"model": str((HERE / "model").resolve()), "n": n, "prompts": prompts, "steps": steps,
-           "eval_every": args.eval_every, "lr": args.lr, "seed": args.seed,
-           "out_dir": str(HERE / "work" / f"n{n}_p{prompts}_s{steps}_seed{args.seed}")}
-    print(f"train: N={n} x {prompts} prompts x {steps} steps", flush=True)
-    res = run_child([__file__, "--child", json.dumps(cfg)], timeout=args.timeout,
-                    env={"OMP_NUM_THREADS": "1"})
+           "eval_every": args.eval_every, "lr": args.lr, "seed": args.seed, "notool": notool,
+           "warm_steps": args.warm_steps,
+           "out_dir": str(HERE / "work" / f"{'notool_' if notool else ''}n{n}_p{prompts}_s{steps}_seed{args.seed}")}
+    print(f"train: N={n} x {prompts} prompts x {steps} steps{' without the tool' if notool else ''}", flush=True)
+    env = {"OMP_NUM_THREADS": "1"}
+    if notool:  # its own model cache: the baseline's warm start is capped at --warm-steps
+        env["BRORL_CACHE_DIR"] = str((HERE / "notool_cache").resolve())
+    res = run_child([__file__, "--child", json.dumps(cfg)], timeout=args.timeout, env=env)
     evals = res["evals"]
     print(f"  eval pass@1: " + ", ".join(f"step {e['step']}: {e['eval/pass@1']:.3f}" for e in evals))
     m = res["means"]
@@ -322,7 +337,7 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--speed-child":
         return speed_child(json.loads(sys.argv[2]))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["warm", "train", "compare", "speed", "all"])
+    ap.add_argument("what", choices=["warm", "train", "notool", "compare", "speed", "all"])
     ap.add_argument("--aim", type=float, default=0.30, help="warm start: stop at this hold-out pass@1")
     ap.add_argument("--warm-steps", type=int, default=600)
     ap.add_argument("--more", action="store_true", help="warm: go on from the saved model for --warm-steps more")
@@ -354,6 +369,9 @@ def main() -> None:
             save("warm_more" if args.more else "warm", res)
     if args.what == "train":
         save(f"train_n{args.n}", run_train(args, args.n, args.prompts, args.steps))
+    if args.what == "notool":  # the same sums and job without the tool, from builtin:tiny's own warm start
+        save("notool" if args.seed == 0 else f"notool_seed{args.seed}",
+             run_train(args, args.n, args.prompts, args.steps, notool=True))
     if args.what in ("compare", "all"):
         out = {}
         for n in (args.n_small, args.n_broad):
