@@ -52,8 +52,8 @@ def login_url(stack: Stack) -> str:
     return match.group(1)
 
 
-@pytest.fixture(scope="session")
-def browser():
+@pytest.fixture(scope="module")  # not session: playwright's sync API keeps an event loop marked
+def browser():                   # running in the main thread, and later modules' asyncio.run() would fail
     require_service("Chromium", chromium_missing(CHROMIUM))
     from playwright.sync_api import sync_playwright
 
