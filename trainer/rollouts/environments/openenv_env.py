@@ -52,15 +52,14 @@ import json
 import math
 import random
 import re
-import threading
 import time
 import zlib
-from concurrent.futures import Future
-from typing import Any, Awaitable, Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trainer.rollouts.environments.loop_thread import LoopThread
 from trainer.rollouts.environments.base import AssistantTurn, EnvReply, Message
 from trainer.tasks.base import Example, Task, VerifierSpec
 
@@ -355,28 +354,6 @@ class _Session:
             pass
 
 
-class _Loop:
-    """An event loop on a daemon thread: the environment's sessions live here."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def submit(self, coro: Awaitable[Any]) -> Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    async def run(self, coro: Awaitable[Any]) -> Any:
-        return await asyncio.wrap_future(self.submit(coro))
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=CLOSE_TIMEOUT_S)
-        if not self.thread.is_alive():
-            self.loop.close()
-
-
 # ----------------------------------------------------------------------------- episodes
 
 
@@ -492,7 +469,7 @@ class OpenEnvEnvironment:
     def __init__(self, name: str, cfg: ServerConfig, action_field: str, reset_args: dict[str, Any], tag: str):
         self.name, self.cfg, self.action_field = name, cfg, action_field
         self.reset_args, self.tag = reset_args, tag
-        self.loop = _Loop(f"openenv-{name}")
+        self.loop = LoopThread(f"openenv-{name}", CLOSE_TIMEOUT_S)
         self.sessions: set[_Session] = set()
         self.closed = False
 

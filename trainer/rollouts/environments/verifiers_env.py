@@ -53,7 +53,7 @@ An environment that raises anything else (a bug, an infrastructure error) fails 
 `step` raises, the driver records it with reward 0, the job carries on.
 
 The environment's coroutines (the rollout loop, tools, rubric) all run on one event loop of the
-environment's own, on a daemon thread (`_Loop`), whatever loop the driver awaits from; its
+environment's own, on a daemon thread (`LoopThread`), whatever loop the driver awaits from; its
 resources (clients, sessions) stay on one loop. Loading never installs the library's process
 signal handlers or atexit hooks (its `Environment.__post_init__` does; a worker owns its
 signals): `Environment.close` runs the environment's teardown instead.
@@ -69,12 +69,11 @@ import asyncio
 import contextvars
 import json
 import math
-import threading
 import time
 import uuid
-from concurrent.futures import Future
-from typing import Any, Awaitable
+from typing import Any
 
+from trainer.rollouts.environments.loop_thread import LoopThread
 from trainer.rollouts.environments.base import AssistantTurn, EnvReply, Message
 from trainer.tasks.base import Example
 from trainer.rollouts.environments.verifiers_setup import (  # noqa: F401 (check, task, ... re-exported)
@@ -129,31 +128,6 @@ def _same(a: Any, b: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------- the loop thread
-
-
-class _Loop:
-    """The environment's event loop, on a daemon thread: every coroutine of the library runs here."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def submit(self, coro: Awaitable[Any]) -> Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    async def run(self, coro: Awaitable[Any]) -> Any:
-        return await asyncio.wrap_future(self.submit(coro))
-
-    def call(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
-        return self.submit(coro).result(timeout)
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=CLOSE_TIMEOUT_S)
-        if not self.thread.is_alive():
-            self.loop.close()
 
 
 _EPISODE: contextvars.ContextVar["VerifiersEpisode | None"] = contextvars.ContextVar("vf_episode", default=None)
@@ -453,7 +427,7 @@ class VerifiersEnvironment:
             _count_tool_errors(env)
         self._episodes: set[VerifiersEpisode] = set()
         self._closed = False
-        self.loop = _Loop(f"verifiers-{name}-{tag}"[:60])
+        self.loop = LoopThread(f"verifiers-{name}-{tag}"[:60], CLOSE_TIMEOUT_S)
 
     def episode(self, example: Any, sample: int) -> VerifiersEpisode:
         if self._closed:
