@@ -19,6 +19,17 @@ def reasoning_gym_task_names() -> tuple[str, ...]:
     return tuple(sorted(DATASETS))
 
 
+
+def _small_json(value: dict[str, Any], limit: int) -> dict[str, Any]:
+    """`value` when it is plain JSON (no NaN or Infinity) of at most `limit` bytes."""
+    try:
+        size = len(json.dumps(value, allow_nan=False))
+    except (ValueError, TypeError, RecursionError):
+        raise ValueError("must be plain JSON without NaN or Infinity") from None
+    if size > limit:
+        raise ValueError(f"is {size} bytes as JSON; at most {limit}")
+    return value
+
 class ReasoningGymTask(_Frozen):
     name: str = Field(..., min_length=1, max_length=200,
                       description="A registered reasoning-gym task, e.g. chain_sum (an unknown name is "
@@ -40,13 +51,7 @@ class ReasoningGymTask(_Frozen):
     @classmethod
     def _small_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         # Stored with the job and sent back on every read: a few KB, not megabytes of junk.
-        try:
-            size = len(json.dumps(config, allow_nan=False))
-        except (ValueError, TypeError, RecursionError):
-            raise ValueError("must be plain JSON without NaN or Infinity") from None
-        if size > MAX_TASK_CONFIG_BYTES:
-            raise ValueError(f"is {size} bytes as JSON; at most {MAX_TASK_CONFIG_BYTES}")
-        return config
+        return _small_json(config, MAX_TASK_CONFIG_BYTES)
 
     @field_validator("name")
     @classmethod
@@ -154,13 +159,7 @@ class EnvSpec(_Frozen):
     @field_validator("args")
     @classmethod
     def _small_args(cls, args: dict[str, Any]) -> dict[str, Any]:
-        try:
-            size = len(json.dumps(args, allow_nan=False))
-        except (ValueError, TypeError, RecursionError):
-            raise ValueError("must be plain JSON without NaN or Infinity") from None
-        if size > MAX_ENV_ARGS_BYTES:
-            raise ValueError(f"is {size} bytes as JSON; at most {MAX_ENV_ARGS_BYTES}")
-        return args
+        return _small_json(args, MAX_ENV_ARGS_BYTES)
 
     @model_validator(mode="after")
     def _fits_its_type(self) -> "EnvSpec":
