@@ -368,10 +368,17 @@ def test_a_hanging_server_is_a_bounded_error(server):
 
 @pytest.mark.integration  # warm-starts builtin:tiny (shared with the loop tests): minutes on 2 cores
 @pytest.mark.timeout(900)
-def test_the_driver_plays_the_server_with_the_tiny_model(server):
+def test_the_driver_plays_the_server_with_the_tiny_model():
     """`run_episodes` with the HF engine on builtin:tiny against the real server: each
     trajectory opens with the game's prompt, the server answers every model turn, its rewards
-    are the trajectory's, and the server's tokens carry no loss."""
+    are the trajectory's, and the server's tokens carry no loss. A server of its own: the
+    module's server still holds the hung session of the test above for 30 s, and its 8
+    trajectories need all 8 slots."""
+    with guess_server(max_sessions=8) as url:
+        _drive_the_tiny_model(url)
+
+
+def _drive_the_tiny_model(server):
     from tests.support.tinyprebuild import SHARED_SEED, prebuild, shared_task
     from trainer.evaluate import opened
     from trainer.rollouts import SamplingConfig
