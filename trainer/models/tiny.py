@@ -14,6 +14,10 @@ bounded by a step count (not by time), so two builds with the same inputs give i
 (same torch build and CPU kind). The pass runs on one torch thread whatever the process's count
 (`WARM_START_THREADS`), so the thread count no longer changes the result. `max_sft_seconds` adds
 an optional wall-clock cap for callers that prefer a bounded build time to reproducibility.
+
+Shipped seeds: the demo's model (examples/demo.yaml) comes with the package (`SEEDS_DIR`), the
+same folder this build writes for its key, so a fresh machine's first job skips the ten
+minutes of SFT; any other task is built as above.
 """
 from __future__ import annotations
 
@@ -344,8 +348,20 @@ def build_tiny_model(out_dir: Path, *, seed: int, sft_pairs: list[tuple[str, str
     return Path(out_dir)
 
 
+# Warm starts shipped with the package, by cache key: the demo's (examples/demo.yaml), so a
+# fresh machine's first job trains at once instead of after minutes of SFT on 2 cores. Each is
+# what `build_tiny_model` writes for that key (regenerate: `python -m trainer.tiny_seeds`).
+SEEDS_DIR = Path(__file__).parent / "seeds"
+
+
+def shipped_seed(key: str) -> Path | None:
+    """The shipped warm-started folder for `key`, if the package has one."""
+    folder = SEEDS_DIR / f"tiny-{key}"
+    return folder if (folder / "config.json").exists() else None
+
+
 def ensure_tiny_model(cache_dir: Path, key: str, **build_kwargs) -> Path:
-    """The cached folder for `key`, building it first if absent.
+    """The cached folder for `key`: copied from a shipped seed, or built, first if absent.
 
     Atomic: built in a temporary sibling folder, then renamed into place, so a crashed or
     concurrent build never leaves a half-written folder under the final name. If two workers
@@ -358,7 +374,12 @@ def ensure_tiny_model(cache_dir: Path, key: str, **build_kwargs) -> Path:
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}-", dir=cache_dir))
     try:
-        build_tiny_model(tmp, **build_kwargs)
+        seed = shipped_seed(key)
+        if seed is not None:
+            log.info("builtin:tiny: the warm start shipped for this task (%s), no build", seed)
+            shutil.copytree(seed, tmp, dirs_exist_ok=True)
+        else:
+            build_tiny_model(tmp, **build_kwargs)
         try:
             os.rename(tmp, final)
         except OSError:

@@ -265,3 +265,62 @@ def test_cache_key_follows_the_task_and_seed_not_the_job_s_reward():
               "reference": "</answer>", "operation": "like"}
     assert key() == key(reward="score") == key(grader=grader, reward="score", grader_error_steps=2)
     assert len({key(), key(seed=1), key(prompt_template="Q: {question}")}) == 3
+
+
+# ------------------------------------------------------------------ shipped warm starts
+
+def test_a_shipped_seed_is_copied_not_built(tmp_path, monkeypatch):
+    seeds = tmp_path / "seeds"
+    small_build(seeds / "tiny-k2", seed=3)
+    monkeypatch.setattr(tiny_model, "SEEDS_DIR", seeds)
+    monkeypatch.setattr(tiny_model, "build_tiny_model", lambda *a, **k: pytest.fail("built"))
+    got = ensure_tiny_model(tmp_path / "cache", "k2")
+    assert got == tmp_path / "cache" / "tiny-k2" and digest(got) == digest(seeds / "tiny-k2")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["tiny-k2"]
+    assert tiny_model.shipped_seed("other") is None
+
+
+def test_the_demo_spec_has_its_warm_start_shipped():
+    """`make demo` on a fresh machine trains at once: examples/demo.yaml's builtin:tiny is
+    shipped (trainer/models/seeds/), under the key the worker looks up."""
+    from tests.trainer.test_learning import DEMO
+    from trainer.run import tiny_model_key
+    from trainer.spec import load_spec
+
+    key = tiny_model_key(load_spec(DEMO))
+    assert tiny_model.shipped_seed(key) is not None, (
+        f"no shipped warm start for the demo's key {key}: `python -m trainer.tiny_seeds`")
+    assert [p.name for p in tiny_model.SEEDS_DIR.iterdir()] == [f"tiny-{key}"]  # no stale copy
+
+
+@pytest.mark.slow
+def test_the_shipped_demo_seed_is_in_the_warm_starts_band():
+    """What the worker would have built: sampled pass@1 on the warm start's own hold-out
+    inside the band the warm start aims for (so RL has something to learn, and something
+    to build on), as its build report says."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from tests.trainer.test_learning import DEMO
+    from trainer.run import job_task, tiny_model_key, warm_start_holdout
+    from trainer.spec import load_spec
+    from trainer.tasks.prompts import render_example
+    from trainer.tasks.scoring import Scorer
+
+    spec = load_spec(DEMO)
+    folder = tiny_model.shipped_seed(tiny_model_key(spec))
+    report = json.loads((folder / "warm_start.json").read_text())
+    assert 0.05 <= report["pass_rate"] <= 0.60, report
+    task = job_task(spec)
+    holdout = warm_start_holdout(task)
+    prompts = [render_example(ex, spec.task.prompt_template) for ex in holdout]
+    by_prompt = dict(zip(prompts, holdout))
+    with Scorer(task) as scorer:
+        def score(ps, completions):
+            exs = [by_prompt[p] for p in ps]
+            return scorer.score(completions, exs, [False] * len(exs)).correct
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        rates = [tiny_model.sampled_pass_rate(model, prompts, score, seed=s, max_new_tokens=24)
+                 for s in range(4)]
+    assert 0.05 <= sum(rates) / len(rates) <= 0.60, rates
