@@ -91,11 +91,15 @@ def constant_norm(x: torch.Tensor, mask: torch.Tensor, totals: Totals) -> torch.
 class Objective:
     terms: Callable
     aggregate: Callable[[torch.Tensor, torch.Tensor, Totals], torch.Tensor]
+    # The loss is a sum of per-token terms (a token's gradient depends on its own log-prob
+    # alone), so the update may compute it slice by slice in the log-prob forward
+    # (trainer/optim/fused_head.py). GSPO's sequence ratio is not.
+    per_token: bool = True
 
 
 OBJECTIVES: dict[str, Objective] = {
     "ppo": Objective(ppo_terms, per_token_mean),
-    "gspo": Objective(gspo_terms, per_sequence_mean),
+    "gspo": Objective(gspo_terms, per_sequence_mean, per_token=False),
     "cispo": Objective(cispo_terms, per_token_mean),
     "dr_grpo": Objective(ppo_terms, constant_norm),
 }

@@ -26,6 +26,9 @@ backward recomputes the slice's projection and returns the hidden states' and th
 gradients (`hidden_states_out` in trainer/optim/model_io.py makes the model return hidden
 states). The projection runs under the caller's autocast in the forward and in float32 in
 the backward.
+
+The update takes this path only for GSPO (or with `UpdateConfig.fused_head` off); the other
+objectives compute the same gradients inside the forward (trainer/optim/fused_head.py).
 """
 from __future__ import annotations
 

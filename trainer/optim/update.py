@@ -38,6 +38,7 @@ from torch.nn.utils.rnn import pad_sequence
 from trainer import collectives as distributed
 from trainer.algo.losses import KL_ESTIMATORS, is_ratio, is_weights, token_sum
 from trainer.algo.objectives import OBJECTIVES, Totals
+from trainer.optim.fused_head import fused_loss
 from trainer.optim.logprobs import Segment, token_logp
 from trainer.optim.model_io import fp32_output_head, hidden_states_out, sliced_head
 from trainer.precision import autocast
@@ -77,11 +78,18 @@ class UpdateConfig:
     max_new_tokens: int = 256
     # Project to the vocabulary and take the log-softmax in float32 under a bf16 autocast.
     fp32_head: bool = False
+    # The head's gradient computed in the log-prob forward (trainer/optim/fused_head.py) where
+    # the objective is a sum of per-token terms; off (or GSPO): the unfused `token_logp`.
+    # Internal, for the before/after of bench/fused_head.py; the same gradients either way.
+    fused_head: bool = True
 
     def __post_init__(self) -> None:
         # Resolved once here (an unknown name fails now), not looked up in every micro-batch.
         object.__setattr__(self, "kl_fn", KL_ESTIMATORS[self.kl_estimator])
         object.__setattr__(self, "objective", OBJECTIVES[self.loss])
+        # GSPO's ratio is per sequence (it needs the whole sequence's log-probs), so it keeps
+        # the unfused path; picked once here, not per micro-batch.
+        object.__setattr__(self, "fuses", self.fused_head and self.objective.per_token)
 
     @classmethod
     def from_spec(cls, spec, compute_dtype: torch.dtype = torch.float32) -> "UpdateConfig":
@@ -401,6 +409,21 @@ def model_token_mask(valid: torch.Tensor, loss_mask, idx: list[int]) -> torch.Te
     return valid & own[:, :valid.shape[1]]
 
 
+def _policy_loss(logp, old, engine, adv, ref, mask, cfg: UpdateConfig, totals: Totals):
+    """The micro-batch's loss from [b, R] per-sample log-probs, and what its statistics need
+    (old log-probs, IS truncation, clip masks, KL). `old` None: the current log-probs, detached."""
+    if old is None:
+        old = logp.detach()
+    weights, truncated = is_weights(old, engine, cfg.is_band)
+    pg, clip_low, clip_high = cfg.objective.terms(logp, old, adv, mask, cfg.clip_low, cfg.clip_high)
+    per_token = weights * pg
+    kl = torch.zeros_like(logp)
+    if ref is not None:
+        kl = cfg.kl_fn(logp, ref)
+        per_token = per_token + cfg.kl_coef * kl
+    return cfg.objective.aggregate(per_token, mask, totals), (old, truncated, clip_low, clip_high, kl)
+
+
 def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
                 cfg: UpdateConfig, totals: Totals, shared: bool) -> dict[str, float]:
     """Forward + backward of one micro-batch; returns its token SUMS for the statistics.
@@ -412,24 +435,27 @@ def _micro_step(model, mb: Rollouts, idx: list[int], old_logp, ref_logp,
     device = next(model.parameters()).device
     logits, batch = _logits(model, mb.prompt_ids, mb.response_ids, idx, cfg.compute_dtype, shared, cfg.fp32_head)
     mask = model_token_mask(batch["mask"], mb.loss_mask, idx)
-    logp, entropy = token_logp(logits, batch["targets"], cfg.temperature, with_entropy=True,
-                               fp32_head=cfg.fp32_head)
-    logp, entropy = _per_sample(logp, batch), _per_sample(entropy, batch)
-    old = logp.detach() if old_logp is None else _pad_rows(old_logp, idx, device)
+    old = None if old_logp is None else _pad_rows(old_logp, idx, device)
     engine = _pad_rows(mb.engine_logprobs, idx, device)
     adv = mb.advantages[idx].to(device)
+    ref = None if ref_logp is None else _pad_rows(ref_logp, idx, device)
 
-    weights, truncated = is_weights(old, engine, cfg.is_band)
-    pg, clip_low, clip_high = cfg.objective.terms(logp, old, adv, mask, cfg.clip_low, cfg.clip_high)
-    per_token = weights * pg
-    kl = torch.zeros_like(logp)
-    if ref_logp is not None:
-        kl = cfg.kl_fn(logp, _pad_rows(ref_logp, idx, device))
-        per_token = per_token + cfg.kl_coef * kl
-    loss = cfg.objective.aggregate(per_token, mask, totals)
+    def loss_of(lp):  # the segments' layout -> per sample (`_per_sample`) -> the objective
+        return _policy_loss(_per_sample(lp, batch), old, engine, adv, ref, mask, cfg, totals)
+
+    if cfg.fuses:
+        loss, logp, entropy = fused_loss(logits, batch["targets"], cfg.temperature, lambda lp: loss_of(lp)[0],
+                                         fp32_head=cfg.fp32_head)
+        with torch.no_grad():
+            _, (old, truncated, clip_low, clip_high, kl) = loss_of(logp)
+    else:
+        logp, entropy = token_logp(logits, batch["targets"], cfg.temperature, with_entropy=True,
+                                   fp32_head=cfg.fp32_head)
+        loss, (old, truncated, clip_low, clip_high, kl) = loss_of(logp)
     loss.backward()
 
     with torch.no_grad():
+        entropy = _per_sample(entropy, batch)
         ratio = is_ratio(old, engine)
         return {
             "loss": loss.item(),
