@@ -51,12 +51,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "graders.json"))
     args = ap.parse_args()
     if args.layer:
-        from trainer.graders.sandbox import layer as layers
+        from trainer.graders.sandbox import detect
 
-        why = layers._why_not(args.layer)
+        why = detect._why_not(args.layer)
         if why:
             raise SystemExit(f"the {args.layer} layer does not work here: {why}")
-        layers._detect = lambda: layers.LayerStatus(args.layer)
+        detect._detect = lambda: detect.LayerStatus(args.layer)
     rows = [json.loads(line) for line in (REPO / "examples/data/code_problems.jsonl").open()]
     items = [rows[i % len(rows)] for i in range(args.programs)]
     programs = [f"```python\n{row['answer']}```" for row in items]

@@ -6,6 +6,9 @@ later), so a cycle hidden behind one is still a cycle. The graphs that must be a
 - the rooms: api, store, worker, trainer, cli, bench, migrations;
 - inside trainer/: each sub-package (trainer/algo, trainer/engines, ...) and each top-level
   module (trainer/spec.py, trainer/loop.py, ...) one node;
+- inside each of trainer's sub-packages: each module its own node, nested packages' modules
+  included (trainer/graders/sandbox/layer.py, ...); the package's __init__ is left out, since
+  it re-exports its modules' names;
 - inside api/, store/, worker/ and cli/: each module its own node.
 A failure names the cycle and, for each of its edges, the import that makes it.
 """
@@ -21,6 +24,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = ("api", "store", "worker", "trainer", "cli", "bench", "migrations")
+TRAINER_PACKAGES = sorted(p.name for p in (ROOT / "trainer").iterdir()
+                          if p.is_dir() and any(p.rglob("*.py")))
+# The grader sandbox, one way (trainer/graders/sandbox/): how a server is started (layer),
+# one server process (process), which layer works here (detect), the pool of servers (pool).
+SANDBOX_ORDER = ("layer", "process", "detect", "pool")
 
 # Which rooms each room may import (docs/architecture.md): data flows api -> store -> database
 # <- worker -> trainer, and the trainer imports nothing of the service. store reads the spec
@@ -181,6 +189,24 @@ def test_the_trainers_rooms_have_no_cycle(imports):
     assert "trainer.engines" in graph and "trainer.models" in graph  # the graph is really built
     cycle = find_cycle(graph)
     assert cycle is None, _describe(cycle, graph)
+
+
+@pytest.mark.parametrize("package", TRAINER_PACKAGES)
+def test_a_trainer_packages_modules_have_no_cycle(imports, package):
+    prefix = f"trainer.{package}."
+    graph = _graph(imports, lambda m: m if m.startswith(prefix) else None)
+    cycle = find_cycle(graph)
+    assert cycle is None, _describe(cycle, graph)
+
+
+def test_the_sandbox_modules_import_one_way(imports):
+    rank = {f"trainer.graders.sandbox.{name}": i for i, name in enumerate(SANDBOX_ORDER)}
+    assert "graders" in TRAINER_PACKAGES and set(rank) - {"trainer.graders.sandbox.layer"} <= {
+        i.source for i in imports}  # the modules are really in the graph
+    wrong = [f"{i.source} imports {i.target} ({i.where})" for i in imports
+             if i.source in rank and i.target in rank and rank[i.target] > rank[i.source]]
+    assert not wrong, "the sandbox imports against layer <- process <- detect <- pool: " + \
+        "; ".join(wrong)
 
 
 @pytest.mark.parametrize("room", ["api", "store", "worker", "cli"])

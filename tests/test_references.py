@@ -257,7 +257,7 @@ def test_a_stale_citation_does_not_resolve():
     here = REPO / "docs" / "api.md"
     for good in ("store/jobs.py", "tests/support/", "layer.py", "trainer.spec.JobSpec",
                  "trainer.spec.JobSpec.model_fields", "store.tables.Job", "cli.main:app",
-                 "trainer.graders.sandbox.layer.sandbox_layer", "img/", "bench/out/x.json",
+                 "trainer.graders.sandbox.detect.sandbox_layer", "img/", "bench/out/x.json",
                  "test_links_in_the_docs_resolve", "trainer.graders.sandbox_layer",
                  "store.tables.Job.status", "trainer.spec.JobSpec.model_validate"):
         assert resolves(good, here), good

@@ -12,7 +12,7 @@ import os
 
 from celery.signals import worker_init, worker_shutting_down
 
-from trainer.graders.sandbox.layer import layer_status
+from trainer.graders.sandbox.detect import layer_status
 from worker import lease, runner
 from store.settings import get_settings
 from worker.celery_app import REAP_TASK, RUN_JOB_TASK, app, enqueue_job

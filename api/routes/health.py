@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import SettingsDep
 from api.errors import error_body
 from api.schemas import StatusPublic
-from trainer.graders.sandbox.layer import layer_status
+from trainer.graders.sandbox.detect import layer_status
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from api.routes import graders as graders_route
 from tests.sandbox.conftest import LAYERS, force_layer
-from trainer.graders.sandbox.pool import processes_with
+from trainer.graders.sandbox.process import processes_with
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)]

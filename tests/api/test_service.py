@@ -34,10 +34,10 @@ def test_readyz_checks_database_and_broker(client, settings):
 
 
 def test_readyz_says_why_tenant_code_cannot_run_here(client, monkeypatch):
-    from trainer.graders.sandbox import layer
+    from trainer.graders.sandbox import detect, layer
 
     why = "bubblewrap: not installed; landlock: the kernel has no Landlock"
-    monkeypatch.setattr(layer, "_detect", lambda: layer.LayerStatus("none", why))
+    monkeypatch.setattr(detect, "_detect", lambda: detect.LayerStatus("none", why))
     monkeypatch.delenv(layer.UNSAFE_ENV, raising=False)
     body = client.get("/readyz").json()
     assert body["sandbox"] == "none" and body["sandbox_reason"] == why

@@ -131,7 +131,7 @@ def finished(stack) -> dict[str, dict]:
 def _job_sandboxes(job_id: str) -> list[int]:
     """Live sandbox processes tagged with the job (trainer.run.job_environment's tag:
     brorl-<job id>-attempt-<n>)."""
-    from trainer.graders.sandbox.pool import processes_with
+    from trainer.graders.sandbox.process import processes_with
 
     return processes_with(f"brorl-{job_id}-attempt-")
 

@@ -108,7 +108,7 @@ def _job_sandboxes(stack: Stack) -> list[int]:
     """The worker's sandbox processes: tagged, and below this stack's `brorl up`."""
     import psutil
 
-    from trainer.graders.sandbox.pool import processes_with
+    from trainer.graders.sandbox.process import processes_with
 
     mine = {p.pid for p in psutil.Process(stack.proc.pid).children(recursive=True)}
     return [pid for pid in processes_with("brorl-grader") if pid in mine]

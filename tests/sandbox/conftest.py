@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import pytest
 
-from trainer.graders.sandbox import layer as layers
+from trainer.graders.sandbox import detect
 from tests.support.services import require_service
 
 LAYERS = ("bubblewrap", "landlock")
@@ -15,13 +15,13 @@ LAYERS = ("bubblewrap", "landlock")
 
 @functools.lru_cache(maxsize=None)
 def why_not(name: str) -> str:
-    return layers._why_not(name)
+    return detect._why_not(name)
 
 
 def force_layer(monkeypatch, name: str) -> None:
     """Make `name` this process's layer for the test, or skip (fail in CI) saying why not."""
     require_service(f"the {name} sandbox layer", why_not(name))
-    monkeypatch.setattr(layers, "_detect", lambda: layers.LayerStatus(name))
+    monkeypatch.setattr(detect, "_detect", lambda: detect.LayerStatus(name))
 
 
 @pytest.fixture(params=LAYERS)

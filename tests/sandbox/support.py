@@ -8,7 +8,7 @@ import uuid
 
 from trainer.graders import GraderRuntime
 from trainer.graders.sandbox.layer import Limits
-from trainer.graders.sandbox.pool import processes_with as _tagged_processes
+from trainer.graders.sandbox.process import processes_with as _tagged_processes
 
 LIMITS = Limits(memory_bytes=1024**3, tmp_bytes=32 * 1024**2, file_bytes=8 * 1024**2,
                 timeout_s=2.0)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.sandbox.support import LIMITS, SECRET, attack, check
 from trainer.graders import GraderRuntime
-from trainer.graders.sandbox.pool import processes_with as _tagged_processes
+from trainer.graders.sandbox.process import processes_with as _tagged_processes
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("layer")]
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 
 from tests.sandbox.support import LIMITS, attack, check
 from trainer.graders import GraderRuntime
-from trainer.graders.sandbox.pool import processes_with
+from trainer.graders.sandbox.process import processes_with
 from trainer.stop import StopRequested
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("layer")]
@@ -339,8 +339,8 @@ def test_no_server_outlives_its_service(layer, tmp_path):
         import sys
         sys.path.insert(0, {str(REPO)!r})
         from trainer.graders import GraderRuntime
-        from trainer.graders.sandbox import layer as layers
-        layers._detect = lambda: layers.LayerStatus({layer!r})
+        from trainer.graders.sandbox import detect
+        detect._detect = lambda: detect.LayerStatus({layer!r})
         grader = {{"type": "python", "name": "s", "source":
                    "import time\\ndef grade(s, i):\\n    time.sleep(100)\\n    return 1.0\\n"}}
         with GraderRuntime(pool_size=2, tag={tag!r}) as runtime:

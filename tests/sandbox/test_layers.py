@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer.graders import GraderRuntime, SandboxUnavailable
-from trainer.graders.sandbox import layer
+from trainer.graders.sandbox import detect, layer
 from tests.support.services import grader_sandbox_missing, needs_service, require_service
 
 PY = {"type": "python", "name": "p",
@@ -19,13 +19,13 @@ PY = {"type": "python", "name": "p",
 @pytest.fixture
 def no_bubblewrap(monkeypatch):
     """Neither bubblewrap nor Landlock: no layer meets the bar."""
-    monkeypatch.setattr(layer, "_detect", lambda: layer.LayerStatus(
+    monkeypatch.setattr(detect, "_detect", lambda: detect.LayerStatus(
         "none", "bubblewrap: not installed; landlock: the kernel has no Landlock"))
 
 
 def test_refused_without_a_layer(no_bubblewrap, monkeypatch):
     monkeypatch.delenv(layer.UNSAFE_ENV, raising=False)
-    assert layer.sandbox_layer() == "none"
+    assert detect.sandbox_layer() == "none"
     with GraderRuntime() as runtime, pytest.raises(SandboxUnavailable, match="bubblewrap"):
         runtime.grade(PY, ["x"], [{}])
 
@@ -33,7 +33,7 @@ def test_refused_without_a_layer(no_bubblewrap, monkeypatch):
 @pytest.mark.timeout(60)
 def test_unsafe_override_still_runs_rlimits_and_seccomp(no_bubblewrap, monkeypatch):
     monkeypatch.setenv(layer.UNSAFE_ENV, "1")
-    assert layer.sandbox_layer() == "unsafe"
+    assert detect.sandbox_layer() == "unsafe"
     with GraderRuntime() as runtime:
         ok, forked = runtime.grade(PY, ["x", "fork"], [{}, {}])
     assert ok.reward == 0.5 and not ok.failed
@@ -64,7 +64,7 @@ def test_a_server_that_died_while_idle_is_not_charged_to_the_next_sample():
     import os
     import signal
 
-    from trainer.graders.sandbox.pool import processes_with
+    from trainer.graders.sandbox.process import processes_with
 
     ok = {"type": "python", "name": "ok", "source": "def grade(sample, item):\n    return 1.0\n"}
     with GraderRuntime(pool_size=1) as runtime:
@@ -81,9 +81,9 @@ def test_a_server_that_died_while_idle_is_not_charged_to_the_next_sample():
 @pytest.fixture
 def fresh_detection():
     """The layer is probed once per process: probe again here, and again after the test."""
-    layer._detect.cache_clear()
+    detect._detect.cache_clear()
     yield
-    layer._detect.cache_clear()
+    detect._detect.cache_clear()
 
 
 @pytest.mark.timeout(120)
@@ -97,7 +97,7 @@ def test_a_python_installation_the_sandbox_uid_cannot_reach_is_refused(
     real = layer._python_paths()
     monkeypatch.setattr(layer, "_python_paths", lambda: real + [str(locked)])
     monkeypatch.delenv(layer.UNSAFE_ENV, raising=False)
-    status = layer.layer_status()
+    status = detect.layer_status()
     assert status.layer == "none", status
     assert "bubblewrap:" in status.reason and "landlock:" in status.reason
     assert str(tmp_path) in status.reason and "chmod o+x" in status.reason, status.reason
@@ -122,8 +122,8 @@ def test_bwrap_is_found_wherever_the_operator_put_it(fresh_detection, monkeypatc
         assert layer.bwrap_binary() == str(elsewhere / "bwrap")
         assert layer.server_command("bubblewrap", "python", layer.Limits())[0] == \
             str(elsewhere / "bwrap")
-        assert layer._why_not("bubblewrap") == ""
+        assert detect._why_not("bubblewrap") == ""
         monkeypatch.setenv("BRORL_BWRAP_PATH", str(elsewhere / "missing"))
-        assert "not installed" in layer._why_not("bubblewrap")
+        assert "not installed" in detect._why_not("bubblewrap")
     finally:
         shutil.rmtree(elsewhere)

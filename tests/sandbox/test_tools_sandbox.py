@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.sandbox.support import LIMITS, SECRET
-from trainer.graders.sandbox.pool import processes_with
+from trainer.graders.sandbox.process import processes_with
 from trainer.rollouts.environments.base import AssistantTurn, EnvReply, ToolCall
 from trainer.rollouts.environments.tools_env import MAX_CONTENT_CHARS, build
 from trainer.tasks.base import Example

@@ -60,9 +60,9 @@ def redis_server_missing() -> str | None:
 
 def bubblewrap_missing() -> str | None:
     """Grader sandboxes do not run on bubblewrap here (not installed, or it cannot start)."""
-    from trainer.graders.sandbox import layer
+    from trainer.graders.sandbox.detect import layer_status
 
-    status = layer.layer_status()
+    status = layer_status()
     if status.layer == "bubblewrap":
         return None
     return f"the grader sandbox layer is {status.layer!r}: {status.reason or 'no reason given'}"
@@ -70,9 +70,9 @@ def bubblewrap_missing() -> str | None:
 
 def grader_sandbox_missing() -> str | None:
     """No grader sandbox layer at all (bubblewrap, Landlock, or the operator's unsafe one)."""
-    from trainer.graders.sandbox import layer
+    from trainer.graders.sandbox.detect import layer_status
 
-    status = layer.layer_status()
+    status = layer_status()
     return f"no grader sandbox: {status.reason}" if status.layer == "none" else None
 
 

@@ -13,7 +13,7 @@ N, PROMPTS = 2, 2
 def test_an_evaluation_of_a_tools_env_job_runs_episodes_and_leaves_nothing_running():
     from trainer.evaluation import Model, evaluate_models
     from trainer.evaluation_spec import EvaluationSpec, Picked, filled, sampling_job_spec
-    from trainer.graders.sandbox.pool import processes_with
+    from trainer.graders.sandbox.process import processes_with
     from trainer.spec import JobSpec
 
     _sandbox_or_skip()

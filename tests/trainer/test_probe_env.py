@@ -50,7 +50,7 @@ def _sandbox_or_skip():
 
 
 def test_a_probe_of_a_tools_env_job_runs_episodes_and_leaves_nothing_running():
-    from trainer.graders.sandbox.pool import processes_with
+    from trainer.graders.sandbox.process import processes_with
     from trainer.probe import probe
     from trainer.probe_spec import ProbeSpec, base_job_spec
 

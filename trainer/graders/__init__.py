@@ -9,7 +9,8 @@ from trainer.graders.batch import (  # noqa: E402
     ERROR_FLAGS, GradeResult, GraderRuntime, grade_batch, make_sample, run_grader,
     validate_grader)
 from trainer.graders.schemas import Grader, needs_sandbox, parse_grader  # noqa: E402
-from trainer.graders.sandbox.layer import SandboxUnavailable, sandbox_layer  # noqa: E402
+from trainer.graders.sandbox.detect import sandbox_layer  # noqa: E402
+from trainer.graders.sandbox.layer import SandboxUnavailable  # noqa: E402
 
 __all__ = ["ERROR_FLAGS", "GradeResult", "Grader", "GraderRuntime", "SandboxUnavailable",
            "grade_batch", "make_sample", "needs_sandbox", "parse_grader", "run_grader",

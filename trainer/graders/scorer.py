@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from trainer.graders.batch import GradeResult, GraderRuntime
 from trainer.graders.schemas import MultiGrader, needs_sandbox, parse_grader
-from trainer.graders.sandbox.layer import require_layer
+from trainer.graders.sandbox.detect import require_layer
 from trainer.tasks.base import Example
 from trainer.tasks.scoring import CORRECT_EPS, REWARDS, ScoreResult, truncated_flags
 

@@ -246,7 +246,7 @@ def test_run_episodes_with_the_real_sandbox():
 
     from tests.support.chat_tokenizers import chat_tokenizer
     from trainer.graders.sandbox.layer import SandboxUnavailable
-    from trainer.graders.sandbox.pool import processes_with
+    from trainer.graders.sandbox.process import processes_with
     from trainer.rollouts import SamplingConfig
     from trainer.rollouts.environments.tools_env import build
     from trainer.rollouts.multiturn import run_episodes

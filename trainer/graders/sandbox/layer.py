@@ -1,4 +1,7 @@
-"""Which isolation layer grader sandboxes use here, and the command line that starts one.
+"""How a grader sandbox is started on an isolation layer: its command line, limits and uid.
+
+Which layer works here is detected in detect.py (it starts real servers: process.py); this
+module knows nothing of detection, so both import it and it imports neither.
 
 Threat model (docs/hardening.md, "Tenant code"): a grader, a generated program or a tool is
 hostile. It must not see, change or stop anything outside its own sandbox: another tenant's
@@ -21,11 +24,9 @@ Layers, best first:
 - "unsafe": no layer meets the bar and the operator set BRORL_UNSAFE_GRADERS=1: the same uid
   drop, rlimits and filter, but the files the sandbox uid can read are readable. Unsafe.
 - "none": anything that needs a sandbox is refused (SandboxUnavailable), and /readyz says why.
-A layer counts only after a real server started on it graded a sample (`layer_status`).
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import random
@@ -50,6 +51,7 @@ THREAD_ENV = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                                      "MKL_NUM_THREADS", "NUMEXPR_MAX_THREADS")}
 BWRAP_DIRS = ("/usr/local/bin", "/usr/bin", "/bin", "/usr/local/sbin", "/usr/sbin")
 DEVICES = ("null", "zero", "full", "random", "urandom")
+BWRAP_MISSING = "bubblewrap is not installed (apt-get install bubblewrap, or BRORL_BWRAP_PATH)"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -230,8 +232,8 @@ def server_command(layer: str, mode: str, limits: Limits, uid: int | None = None
     config = {**limits.server_config(), "nproc": process_limit(limits, uid)}
     if layer == "bubblewrap":
         bwrap = bwrap_binary()
-        if bwrap is None:
-            raise SandboxUnavailable(unavailable_message())
+        if bwrap is None:  # removed since detection found it
+            raise SandboxUnavailable(BWRAP_MISSING)
         config["private_tmp"] = True
         return bwrap_command(limits, bwrap) + python + [SANDBOX_SERVER, mode, json.dumps(config)]
     # No bwrap between: the server itself dies with this process (checked at its start).
@@ -241,90 +243,10 @@ def server_command(layer: str, mode: str, limits: Limits, uid: int | None = None
         return python + [str(SERVER), mode, json.dumps(config)]
     if layer == "unsafe":
         return python + [str(SERVER), mode, json.dumps(config)]
-    raise SandboxUnavailable(unavailable_message())
+    # Callers pass a detected layer (detect.require_layer refuses "none" with the reason).
+    raise SandboxUnavailable(f"no grader sandbox runs on the layer {layer!r}")
 
 
 def server_env(layer: str) -> dict[str, str]:
     # bwrap clears the environment itself (--clearenv, --setenv); the others get this one.
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", **THREAD_ENV}
-
-
-# ------------------------------------------------------------------ which layer works here
-
-@dataclass(frozen=True)
-class LayerStatus:
-    layer: str          # bubblewrap, landlock, unsafe or none
-    reason: str = ""    # why a better layer is not used ("" when bubblewrap works)
-
-
-def _starts(layer: str) -> str:
-    """'' when a real server on `layer` grades a sample, else why not."""
-    from trainer.graders.sandbox.pool import self_test
-
-    return self_test(layer)
-
-
-def _pyseccomp_loads() -> bool:
-    try:
-        import pyseccomp  # noqa: F401 - loads libseccomp through ctypes
-    except (ImportError, OSError, AttributeError):
-        return False
-    return True
-
-
-def _why_not(layer: str) -> str:
-    if layer == "bubblewrap" and bwrap_binary() is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap, or BRORL_BWRAP_PATH)"
-    if layer == "landlock" and landlock_abi() < 1:
-        return "the kernel has no Landlock"
-    if not _pyseccomp_loads():
-        return "libseccomp cannot be loaded (apt-get install libseccomp2)"
-    failed = _starts(layer)
-    if failed and os.geteuid() == 0 and unreachable_for_others():
-        failed += ("; the sandbox's uid cannot reach the Python installation through "
-                   + ", ".join(unreachable_for_others()) + " (chmod o+x them)")
-    return failed
-
-
-@functools.lru_cache(maxsize=1)
-def _detect() -> LayerStatus:
-    reasons = []
-    for layer in ("bubblewrap", "landlock"):
-        why = _why_not(layer)
-        if not why:
-            return LayerStatus(layer, "; ".join(reasons))
-        reasons.append(f"{layer}: {why}")
-    if grader_settings().unsafe_graders:
-        return LayerStatus("unsafe", "; ".join(reasons))
-    return LayerStatus("none", "; ".join(reasons))
-
-
-def layer_status() -> LayerStatus:
-    """The layer this process uses and why no better one (detected once per process)."""
-    status = _detect()
-    if status.layer in ("unsafe", "none"):  # the override is read fresh
-        layer = "unsafe" if grader_settings().unsafe_graders else "none"
-        status = LayerStatus(layer, status.reason)
-    return status
-
-
-def sandbox_layer() -> str:
-    """'bubblewrap', 'landlock', 'unsafe' (operator override) or 'none'."""
-    return layer_status().layer
-
-
-def unavailable_message() -> str:
-    why = _detect().reason
-    return ("no grader sandbox is available here: python and code graders need bubblewrap "
-            "with unprivileged user namespaces (in Docker: security_opt seccomp=unconfined "
-            "and apparmor=unconfined on the worker), or a kernel with Landlock and libseccomp, "
-            "and the Python installation readable by other users (docs/hardening.md)"
-            + (f" ({why})" if why else "")
-            + f"; {UNSAFE_ENV}=1 runs them without isolation (unsafe)")
-
-
-def require_layer() -> str:
-    layer = sandbox_layer()
-    if layer == "none":
-        raise SandboxUnavailable(unavailable_message())
-    return layer
