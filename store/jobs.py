@@ -183,8 +183,9 @@ def request_cancel(s: Session, tenant_id: int, job_id: str, kind: JobKind = JobK
     write, the queued branch matches nothing and we retry as running.
     """
     job = get_job(s, tenant_id, job_id, kind)
+    noun = "job" if kind == JobKind.train else kind.value  # the word the caller's route uses
     if job is None:
-        raise NotFound(f"{'probe' if kind == JobKind.probe else 'job'} {job_id} not found")
+        raise NotFound(f"{noun} {job_id} not found")
     for _ in range(3):
         now = utcnow()
         if job.status in (JobStatus.queued, JobStatus.paused):  # no worker holds it
@@ -197,13 +198,13 @@ def request_cancel(s: Session, tenant_id: int, job_id: str, kind: JobKind = JobK
         elif job.status == JobStatus.running:
             done = _ask_running(s, job, "cancel_requested", EventType.cancel_requested, now)
         else:
-            raise InvalidTransition(job.status, f"cannot cancel job {job_id}: it is already "
+            raise InvalidTransition(job.status, f"cannot cancel {noun} {job_id}: it is already "
                                                 f"{job.status.value}")
         s.flush()
         s.refresh(job)
         if done:
             return job
-    raise InvalidTransition(job.status, f"job {job_id} changed state during cancel; retry")
+    raise InvalidTransition(job.status, f"{noun} {job_id} changed state during cancel; retry")
 
 
 def _ask_running(s: Session, job: Job, flag: str, event: EventType, now) -> bool:

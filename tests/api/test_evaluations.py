@@ -150,7 +150,8 @@ def test_cancel_and_events(client, auth, database_url, tmp_path):
     assert cancelled["status"] == "cancelled" and cancelled["base"] is False
     types = [e["type"] for e in client.get(f"/v1/evaluations/{ev['id']}/events", headers=auth).json()["data"]]
     assert types[0] == "created" and types[-1] == "cancelled"
-    assert_error(client.post(f"/v1/evaluations/{ev['id']}/cancel", headers=auth), 409)
+    err = assert_error(client.post(f"/v1/evaluations/{ev['id']}/cancel", headers=auth), 409)
+    assert err["message"] == f"cannot cancel evaluation {ev['id']}: it is already cancelled", err
 
 
 def test_webhooks_announce_evaluations_as_evaluations(client, auth, database_url, tmp_path):
