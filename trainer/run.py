@@ -38,7 +38,7 @@ from trainer.tasks.base import Task
 from trainer.tasks.prompts import render_example, target_completion
 from trainer.graders.scorer import GraderErrorWatch, make_scorer
 from trainer.tasks.scoring import Scorer
-from trainer.malloc import fix_mmap_threshold
+from trainer.malloc import configure_malloc
 from trainer.threads import configure_threads
 
 
@@ -321,7 +321,7 @@ def build_run(spec: JobSpec, out_dir: Path, resume: Path | None, dataset_path: P
     progress = progress or no_progress()
     torch.manual_seed(spec.seed)
     configure_threads()  # before any torch work: the default ignores affinity and cgroup quotas
-    fix_mmap_threshold()  # freed tensors leave the RSS (trainer/malloc.py)
+    configure_malloc(trainer_settings().malloc)  # how freed tensors leave the RSS (trainer/malloc.py)
     device = resolve_device()
     task = _built_task(spec, dataset_path, stop_check, progress)
     scorer = make_scorer(spec, task, stop_check)

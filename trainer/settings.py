@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -37,6 +37,8 @@ class TrainerSettings(BaseSettings):
     rank_stop_grace_s: float = Field(120.0, gt=0, description="seconds ranks get to stop before a kill")
     task_build_timeout_s: float = Field(600.0, gt=0, description="time a task's dataset may take to build")
     task_build_memory_mb: int = Field(8192, ge=64, description="memory a task's build may add")
+    malloc: Literal["default", "mmap_threshold", "trim"] = Field(
+        "default", description="how freed CPU tensors go back to the OS (trainer/malloc.py)")
     launcher: str = Field(DEFAULT_LAUNCHER, description="what starts a many-rank job's ranks (trainer.distributed.launchers)")
     # The ray launcher (trainer.distributed.ray_launcher); a multi-node job uses it whatever BRORL_LAUNCHER says.
     ray_address: str = Field("", description="the Ray cluster the ray launcher joins (ray.init's address)")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainer import collectives as distributed
+from trainer.malloc import release_freed
 from trainer.run import Run, env_budget
 from trainer.samples import step_samples
 from trainer.graders.scorer import step_metrics as grader_step_metrics
@@ -321,6 +322,7 @@ def run_step(run: Run, plan: StagePlan, index: int,
     for g in run.optimizer.param_groups:
         g["lr"] = lr
     collected = collect(run, plan, index)
+    release_freed()  # BRORL_MALLOC=trim: the heap's free pages go back between phases (trainer/malloc.py)
     run.stop_check()  # generation and scoring may have taken minutes
 
     t = time.perf_counter()
@@ -335,8 +337,11 @@ def run_step(run: Run, plan: StagePlan, index: int,
         run.policy.train()
         upd = train_on_batch(run, collected.batch, index, collected.positions)
         run.policy.eval()
+        release_freed()
     train_s = time.perf_counter() - t
     sync_s = run.engine.sync_weights(run.policy) if updated else 0.0
+    if sync_s:
+        release_freed()
     if on_samples is not None and run.spec.samples.per_step and collected.first_round is not None:
         on_samples(_samples(run, collected.first_round))
     step_s = time.perf_counter() - t0
