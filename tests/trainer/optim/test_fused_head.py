@@ -9,11 +9,12 @@ import copy
 
 import pytest
 import torch
-from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 from tests.support.rollout_batches import random_rollouts
 from trainer.optim.model_io import sliced_head
-from trainer.optim.update import UpdateConfig, _chunks, ppo_update
+from trainer.optim.update import Rows, UpdateConfig, _chunks, ppo_update
 
 VOCAB = 96
 _SIZE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -89,7 +90,7 @@ def test_fused_matches_unfused_on_every_layout(loss, layout):
     model = _model("qwen2")
     chunks, is_shared = _chunks(model, batch.prompt_ids, batch.response_ids, 60, shared, pack)
     assert is_shared == shared and len(chunks) > 1  # several micro-batches
-    assert pack == (type(chunks[0]).__name__ == "Rows")
+    assert pack == isinstance(chunks[0], Rows)
     _assert_same("qwen2", batch, loss=loss, shared_prefix=shared, pack=pack)
 
 
