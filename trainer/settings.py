@@ -53,6 +53,9 @@ class TrainerSettings(BaseSettings):
     ray_shrink_after_s: float = Field(60.0, ge=0, description="how long a job with resources.min_nodes "
                                       "waits for all its nodes before it runs on fewer, when fewer exist")
 
+    # The built-in tools environment (trainer/rollouts/environments/tools_env.py).
+    tool_sandboxes: int | None = Field(None, ge=1, le=64, description="sandboxes one job's tool calls "
+                                       "run in at once (default: one per CPU, 2 to 16)")
     # Multi-turn environments (trainer/rollouts/environments/verifiers_env.py).
     environments: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="comma list of the installed verifiers environment ids a job's task.env may name")
@@ -76,7 +79,7 @@ class TrainerSettings(BaseSettings):
             raise ValueError(f"no such launcher; choose one of {', '.join(sorted(LAUNCHERS))}")
         return v
 
-    @field_validator("torch_threads", mode="before")
+    @field_validator("torch_threads", "tool_sandboxes", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v

@@ -299,3 +299,20 @@ def test_a_broken_env_reward_raises_from_finish():
             asyncio.run(env.episode().finish([]))
     finally:
         env.close()
+
+
+def test_the_operator_sets_how_many_sandboxes_a_job_gets():
+    """BRORL_TOOL_SANDBOXES (trainer settings) sizes the tools environment's pool; empty is the
+    default, a bad value is an error naming the variable."""
+    from trainer.settings import trainer_settings
+
+    assert trainer_settings({"BRORL_TOOL_SANDBOXES": ""}).tool_sandboxes is None
+    with pytest.raises(ValueError, match="BRORL_TOOL_SANDBOXES"):
+        trainer_settings({"BRORL_TOOL_SANDBOXES": "0"})
+    env = build({"tools": TOOLS, "reward": "grader"},
+                settings=trainer_settings({"BRORL_TOOL_SANDBOXES": "3"}), tag="brorl-tools-test-size")
+    try:
+        assert env.pool.size == 3
+    finally:
+        env.close()
+
