@@ -54,11 +54,13 @@ def evaluate(ctx: EvalContext, spec: JobSpec, seed: int) -> dict[str, float]:
 
 @contextmanager
 def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | None = None,
-           max_num_seqs: int | None = None, stop_check: Callable[[], None] = never) -> Iterator[EvalContext]:
+           max_num_seqs: int | None = None, stop_check: Callable[[], None] = never,
+           env_name: str | None = None) -> Iterator[EvalContext]:
     """An `EvalContext` over the spec's held-out split (its first `prompts` examples when
     given), with the model of `model_dir`, or the spec's own model when None (builtin:tiny is
     warm-started then); engine and scorer are closed on exit. `max_num_seqs`: the most samples
-    one generate call will ask for (default: every eval prompt x eval.samples_per_prompt)."""
+    one generate call will ask for (default: every eval prompt x eval.samples_per_prompt).
+    `env_name`: what a task.env's sandboxes and sessions are tagged with (`job_environment`)."""
     from trainer.engines import make_engine
     from trainer.models.loading import load_policy, resolve_device
     from trainer.run import ENV_PROMPT_ROOM, env_budget, job_environment, job_task, model_dir_for
@@ -82,7 +84,7 @@ def opened(spec: JobSpec, model_dir=None, dataset_path=None, *, prompts: int | N
                              max_num_seqs=max_num_seqs or len(prompt_ids) * spec.eval.samples_per_prompt)
         env = None
         try:
-            env = job_environment(spec)
+            env = job_environment(spec, name=env_name)
             yield EvalContext(engine, tokenizer, scorer, examples, prompt_ids, env=env, max_context=max_len)
         finally:
             try:

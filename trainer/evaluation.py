@@ -81,10 +81,12 @@ def compare(rows: list[dict], spec: EvaluationSpec) -> None:
 
 
 def evaluate_models(spec: EvaluationSpec, job: JobSpec, models: list[Model], should_stop: Callable[[], bool],
-                    *, dataset_path: Path | None = None, on_progress: Progress | None = None) -> dict:
+                    *, dataset_path: Path | None = None, on_progress: Progress | None = None,
+                    name: str | None = None) -> dict:
     """Sample each of `models` on the held-out prompts of `job` (the spec from
     `trainer.evaluation_spec.sampling_job_spec`); the whole result. Raises
-    `trainer.stop.StopRequested` when `should_stop()` turns true."""
+    `trainer.stop.StopRequested` when `should_stop()` turns true. `name` (the evaluation's id
+    and attempt) tags a task.env's sandboxes and sessions."""
     from trainer.threads import configure_threads
 
     if not spec.resolved:
@@ -99,7 +101,8 @@ def evaluate_models(spec: EvaluationSpec, job: JobSpec, models: list[Model], sho
     for model in models:
         started = time.perf_counter()
         with opened(job, model.folder, dataset_path, prompts=prompts,
-                    max_num_seqs=min(spec.chunk_samples, spec.n * prompts), stop_check=check) as ctx:
+                    max_num_seqs=min(spec.chunk_samples, spec.n * prompts), stop_check=check,
+                    env_name=name) as ctx:
             if total is None:
                 total = len(ctx.prompt_ids) * spec.n * len(models)
                 prompts_text = [e.question[:PROMPT_PREVIEW] for e in ctx.examples]

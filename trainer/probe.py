@@ -166,8 +166,10 @@ def result_of(tally: Tally, probe: ProbeSpec, base: JobSpec, seconds: float) -> 
 
 
 def probe(spec: ProbeSpec, base: JobSpec, should_stop: Callable[[], bool], *, model_dir: Path | None = None,
-          dataset_path: Path | None = None, on_progress: Progress | None = None) -> dict:
+          dataset_path: Path | None = None, on_progress: Progress | None = None,
+          name: str | None = None) -> dict:
     """Probe the model of `base` (or the checkpoint folder `model_dir`) on `base`'s task.
+    `name` (the probe's id and attempt) tags a task.env's sandboxes and sessions.
 
     `base` is the job spec the recommendation builds on: the user's own, or
     `trainer.probe_spec.base_job_spec(spec)`. Raises `trainer.stop.StopRequested` when
@@ -179,7 +181,8 @@ def probe(spec: ProbeSpec, base: JobSpec, should_stop: Callable[[], bool], *, mo
     check = stop_check(should_stop)
     t0 = time.perf_counter()
     with opened(base, model_dir, dataset_path, prompts=spec.prompts,
-                max_num_seqs=min(spec.chunk_samples, spec.n * spec.prompts), stop_check=check) as ctx:
+                max_num_seqs=min(spec.chunk_samples, spec.n * spec.prompts), stop_check=check,
+                env_name=name) as ctx:
         tally = sample_counts(ctx, spec, base, check, on_progress)
     result = result_of(tally, spec, base, time.perf_counter() - t0)
     if result["prompts"] < spec.prompts:

@@ -230,14 +230,16 @@ def job_task(spec: JobSpec, dataset_path: Path | None = None, stop_check: Callab
     return build_task(t, spec.seed, dataset_path, stop_check=stop_check)
 
 
-def job_environment(spec: JobSpec, out_dir: Path | None = None):
-    """The job's multi-turn `Environment` (None without task.env); the caller closes it."""
+def job_environment(spec: JobSpec, out_dir: Path | None = None, name: str | None = None):
+    """The job's multi-turn `Environment` (None without task.env); the caller closes it. Its
+    sandboxes and sessions are tagged with `name` (a probe's or an evaluation's id and attempt),
+    else the job's from `out_dir`, else the spec's hash (a local run)."""
     if spec.task.env is None:
         return None
     from trainer.rollouts.environments import build_environment
 
     # The worker's out_dir is <job id>/attempt-<n>: both parts, so the tag names the job.
-    where = f"{Path(out_dir).parent.name}-{Path(out_dir).name}" if out_dir else spec_sha256(spec)[:12]
+    where = name or (f"{Path(out_dir).parent.name}-{Path(out_dir).name}" if out_dir else spec_sha256(spec)[:12])
     tag = "brorl-" + "".join(c for c in where if c.isalnum() or c in "-_")[:64]
     return build_environment(spec.task.env, task=spec.task, settings=trainer_settings(), tag=tag)
 

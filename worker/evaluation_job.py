@@ -68,7 +68,8 @@ def _evaluate_and_record(lease: Lease, spec: EvaluationSpec, sampling: Any, mode
 
     try:
         result = evaluate_models(spec, sampling, models, lease.state.should_stop,
-                                 dataset_path=lease.dataset_path(sampling), on_progress=_progress(lease))
+                                 dataset_path=lease.dataset_path(sampling), on_progress=_progress(lease),
+                                 name=f"{lease.job_id}-attempt-{lease.attempt}")
     except Fenced:
         lease.state.fenced = True
         return None

@@ -64,7 +64,7 @@ def _probe_and_record(lease: Lease, resolved: probes.Resolved, enqueue: Enqueue)
     try:
         result = probe(resolved.probe, resolved.base, lease.state.should_stop,
                        model_dir=resolved.model_dir, dataset_path=lease.dataset_path(resolved.base),
-                       on_progress=_progress(lease))
+                       on_progress=_progress(lease), name=f"{lease.job_id}-attempt-{lease.attempt}")
     except Fenced:
         lease.state.fenced = True
         return None

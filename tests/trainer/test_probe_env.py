@@ -57,13 +57,14 @@ def test_a_probe_of_a_tools_env_job_runs_episodes_and_leaves_nothing_running():
     _sandbox_or_skip()
     spec = ProbeSpec(task=env_task(), n=N, prompts=PROMPTS, max_new_tokens=24, engine="hf", chunk_samples=16)
     base = base_job_spec(spec)
-    tag = tools_tag(base)
+    tag = "brorl-prb_envtest-attempt-1"  # the worker names it by the probe's id and attempt
     seen: list[str] = []
 
     def progress(p):
         seen.extend(processes_with(tag))  # the environment is open: its sandboxes run
 
-    result = probe(spec, base, lambda: False, model_dir=shared_model_dir(), on_progress=progress)
+    result = probe(spec, base, lambda: False, model_dir=shared_model_dir(), on_progress=progress,
+                   name="prb_envtest-attempt-1")
 
     assert seen, "no sandbox process of the probe's environment was ever seen"
     assert processes_with(tag) == []

@@ -49,12 +49,14 @@ def _events(job_id: str) -> list[JobEvent]:
         return list(s.query(JobEvent).filter_by(job_id=job_id).order_by(JobEvent.id))
 
 
-def _double(monkeypatch, body) -> list:
+def _double(monkeypatch, body, names: list | None = None) -> list:
     calls: list = []
 
-    def evaluate_models(spec, job, models, should_stop, *, dataset_path=None, on_progress=None):
+    def evaluate_models(spec, job, models, should_stop, *, dataset_path=None, on_progress=None, name=None):
         calls.append((spec.checkpoints, job.seed, job.eval.samples_per_prompt,
                       [(m.label, m.step, m.folder) for m in models]))
+        if names is not None:
+            names.append(name)
         return body(should_stop, on_progress)
 
     monkeypatch.setattr(trainer.evaluation, "evaluate_models", evaluate_models)
@@ -70,8 +72,10 @@ def test_an_evaluation_gets_its_models_reports_progress_and_succeeds(evaluated, 
             on_progress({"samples_done": done, "samples_total": 12, "model": model})
         return RESULT
 
-    calls = _double(monkeypatch, body)
+    names: list = []
+    calls = _double(monkeypatch, body, names)
     assert runner.run_job(eval_id) == "succeeded"
+    assert names == [f"{eval_id}-attempt-1"]  # what a task.env's sandboxes are tagged with
     seed = JobSpec.model_validate(_job(job_id).spec).seed  # the job's: its eval split, its model
     assert calls == [([4, 2], seed, 2, [("base", None, None), ("step 4", 4, tmp_path / "step-4"),
                                                 ("step 2", 2, tmp_path / "step-2")])]

@@ -40,11 +40,13 @@ def _events(job_id: str) -> list[str]:
         return [e.type.value for e in s.query(JobEvent).filter_by(job_id=job_id).order_by(JobEvent.id)]
 
 
-def _double(monkeypatch, body) -> list:
+def _double(monkeypatch, body, names: list | None = None) -> list:
     calls: list = []
 
-    def probe(spec, base, should_stop, *, model_dir=None, dataset_path=None, on_progress=None):
+    def probe(spec, base, should_stop, *, model_dir=None, dataset_path=None, on_progress=None, name=None):
         calls.append((spec.n, base.task.reasoning_gym.name, model_dir, dataset_path))
+        if names is not None:
+            names.append(name)
         return body(should_stop, on_progress)
 
     monkeypatch.setattr(trainer.probe, "probe", probe)
@@ -58,10 +60,12 @@ def test_a_probe_records_progress_then_its_result_and_succeeds(probe_id, monkeyp
             on_progress({"samples_done": done, "samples_total": 8})
         return RESULT
 
-    calls = _double(monkeypatch, body)
+    names: list = []
+    calls = _double(monkeypatch, body, names)
     assert runner.run_job(probe_id) == "succeeded"
     job = _job(probe_id)
     assert calls == [(4, "chain_sum", None, None)]
+    assert names == [f"{probe_id}-attempt-1"]  # what a task.env's sandboxes are tagged with
     assert (job.status, job.result, job.step, job.lease_owner) == (JobStatus.succeeded, RESULT, 8, None)
     assert _events(probe_id).count("progress") == 2 and _events(probe_id)[-1] == "succeeded"
     assert runner.run_job(probe_id) is None  # a duplicate message finds nothing to claim
