@@ -29,7 +29,8 @@ checkout's trainer (a before/after with this venv).
 
     .venv/bin/python bench/roofline.py [--shapes tiny512,m24_64x2_t256] [--root DIR] [--label after]
 
-Prints the table; writes bench/out/roofline.json (one entry per label).
+Prints the table; writes bench/out/roofline.json (one entry per label; `--json` for another file).
+`--head-split head,update` runs the v150k update split instead (bench/roofline_head.py).
 """
 from __future__ import annotations
 
@@ -332,12 +333,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=0, help="steps run before the measured one")
     ap.add_argument("--micro-batch-tokens", type=int, default=4096)
+    ap.add_argument("--head-split", default="", metavar="PARTS",
+                    help="instead of the shapes: the v150k update split (bench/roofline_head.py), parts head,update")
+    ap.add_argument("--head-positions", type=int, default=1764, help="--head-split head: positions (4 slices)")
+    ap.add_argument("--update-samples", type=int, default=8, help="--head-split update: samples of the v150k update")
+    ap.add_argument("--json", type=Path, default=OUT / "roofline.json", help="results file (one key per label)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, cfg = args.child
-        {"bounds": child_bounds, "phases": child_phases, "decode_mm": child_decode_mm}[kind](json.loads(cfg))
+        from roofline_head import child_head_split, child_update_split
+
+        {"bounds": child_bounds, "phases": child_phases, "decode_mm": child_decode_mm,
+         "head_split": child_head_split, "update_split": child_update_split}[kind](json.loads(cfg))
         return
+    if args.head_split:
+        from roofline_head import head_split
+
+        return head_split(args, __file__)
     from vs_trl import SHAPES, launch
 
     env = {"OMP_NUM_THREADS": str(args.threads), "BRORL_TORCH_THREADS": str(args.threads)}
@@ -364,12 +377,15 @@ def main() -> None:
         print(f"{shape}: step {res['step_s']:.1f} s, mean response {res['response_len_mean']:.0f}", flush=True)
     result["load_after"] = os.getloadavg()[0]
     print(table(result))
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / "roofline.json"
+    _save(args.json, args.label, result)
+
+
+def _save(path: Path, label: str, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     saved = json.loads(path.read_text()) if path.exists() else {}
-    saved[args.label] = result
+    saved[label] = result
     path.write_text(json.dumps(saved, indent=1))
-    print(f"wrote {path} ({args.label})")
+    print(f"wrote {path} ({label})")
 
 
 def table(result: dict) -> str:
