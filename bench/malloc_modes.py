@@ -2,12 +2,17 @@
 
 Each (shape, mode) is one fresh process running `bench/vs_trl.py`'s own trainer child
 (`build_run` + `run_step`, one thread) with `BRORL_MALLOC=<mode>` and no
-`MALLOC_MMAP_THRESHOLD_`; the modes alternate within each shape, so the load moves all of
-them alike. Two more candidates, for the record: `trim_micro` (`trim`, and
+`MALLOC_MMAP_THRESHOLD_` (but for the `mmap_<size>` modes below); the modes alternate within
+each shape, so the load moves all of them alike. Two more candidates, for the record: `trim_micro` (`trim`, and
 `malloc_trim(0)` after every micro-batch's backward too: this script wraps the update's
 `_micro_step`) and `jemalloc` (glibc left as it is, jemalloc preloaded with `LD_PRELOAD`: a
-system library, which a pip install does not bring). Shapes: `short` = the 24 M model at N = 64 x 2, `max_new_tokens` 24; `long` =
-`m24_64x2_t256` (N = 64 x 2, 256 tokens). Peak RSS is the process's ru_maxrss.
+system library, which a pip install does not bring). And `mmap_<size>` (e.g. `mmap_1m`,
+`mmap_4m`, `mmap_256k`): glibc's default mode with `MALLOC_MMAP_THRESHOLD_` fixed at that size in
+the child's environment (which `trainer/malloc.py` leaves alone), to try thresholds between
+64 KiB and glibc's dynamic one; `mmap_4m_trim64m` also sets `MALLOC_TRIM_THRESHOLD_` (a fixed
+mmap threshold leaves the heap's trim threshold at 128 KiB, where the dynamic one doubles it).
+Shapes: `short` = the 24 M model at N = 64 x 2, `max_new_tokens` 24; `m24` = `bench/vs_trl.py`'s
+`m24` (N = 512 x 1, 24 tokens); `long` = `m24_64x2_t256` (N = 64 x 2, 256 tokens). Peak RSS is the process's ru_maxrss.
 
     .venv/bin/python bench/malloc_modes.py [--modes trim,mmap_threshold,default] [--rounds 1]
 
@@ -25,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DEFAULT_SPEC, OUT, run_child  # noqa: E402
 from vs_trl import launch  # noqa: E402
 
-SHAPES = {"short": ("24m", 64, 2, 24), "long": ("24m", 64, 2, 256)}
+SHAPES = {"short": ("24m", 64, 2, 24), "m24": ("24m", 512, 1, 24), "long": ("24m", 64, 2, 256)}
 JEMALLOC = "/lib/x86_64-linux-gnu/libjemalloc.so.2"
 
 
@@ -53,7 +58,17 @@ def mode_env(mode: str) -> dict[str, str]:
         return {"BRORL_MALLOC": "trim"}
     if mode == "jemalloc":
         return {"BRORL_MALLOC": "default", "LD_PRELOAD": JEMALLOC}
+    if mode.startswith("mmap_") and mode != "mmap_threshold":
+        size, _, trim = mode[5:].partition("_trim")
+        env = {"BRORL_MALLOC": "default", "MALLOC_MMAP_THRESHOLD_": str(size_bytes(size))}
+        return {**env, "MALLOC_TRIM_THRESHOLD_": str(size_bytes(trim))} if trim else env
     return {"BRORL_MALLOC": mode}
+
+
+def size_bytes(size: str) -> int:
+    """`256k` / `1m` / `4m` -> bytes."""
+    units = {"k": 1024, "m": 1024 * 1024}
+    return int(size[:-1]) * units[size[-1].lower()] if size[-1].lower() in units else int(size)
 
 
 def main() -> None:
@@ -84,7 +99,7 @@ def main() -> None:
                                 timeout=1800, env={**env, **mode_env(mode)})
                 last = res["steps"][-1]
                 row = {"shape": shape, "mode": mode, "round": r, "step_s": last["step_s"], "gen_s": last["gen_s"],
-                       "update_s": last["update_s"], "peak_rss_mb": res["peak_rss_mb"],
+                       "update_s": last["update_s"], "env": mode_env(mode), "peak_rss_mb": res["peak_rss_mb"],
                        "response_len_mean": last["response_len_mean"], "load": os.getloadavg()[0]}
                 rows.append(row)
                 print(f"{shape} {mode}: step {row['step_s']:.1f} s (gen {row['gen_s']:.1f}, update "
