@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 
@@ -43,8 +44,10 @@ DEFAULT_MODE = "default"
 _mode = "default"  # this process's mode, set by `configure_malloc` (mallopt is process-wide too)
 
 
+@functools.lru_cache(maxsize=1)
 def _libc():
-    """glibc's handle, or None (musl, macOS: nothing to set)."""
+    """glibc's handle, or None (musl, macOS: nothing to set). Looked up once: find_library
+    runs `ldconfig -p`, a fork, and `trim` asks at every phase boundary."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt, libc.malloc_trim  # noqa: B018  (both are glibc's)

@@ -25,11 +25,6 @@ class LayerStatus:
     reason: str = ""    # why a better layer is not used ("" when bubblewrap works)
 
 
-def _starts(layer: str) -> str:
-    """'' when a real server on `layer` grades a sample, else why not."""
-    return self_test(layer)
-
-
 def _pyseccomp_loads() -> bool:
     try:
         import pyseccomp  # noqa: F401 - loads libseccomp through ctypes
@@ -45,7 +40,7 @@ def _why_not(layer: str) -> str:
         return "the kernel has no Landlock"
     if not _pyseccomp_loads():
         return "libseccomp cannot be loaded (apt-get install libseccomp2)"
-    failed = _starts(layer)
+    failed = self_test(layer)  # '' when a real server on the layer grades a sample
     if failed and os.geteuid() == 0 and unreachable_for_others():
         failed += ("; the sandbox's uid cannot reach the Python installation through "
                    + ", ".join(unreachable_for_others()) + " (chmod o+x them)")
