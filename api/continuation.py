@@ -33,12 +33,13 @@ def resolve(session: Session, tenant_id: int, spec: JobSpec) -> tuple[JobSpec, s
     parent = jobs.get_job(session, tenant_id, ref.job)
     if parent is None:
         raise NotFound(f"job {ref.job} not found")
-    ckpt = (jobs.get_checkpoint(session, tenant_id, ref.job, ref.step) if ref.step is not None
+    asked = ref.pinned_step  # None: "latest" or null, the newest
+    ckpt = (jobs.get_checkpoint(session, tenant_id, ref.job, asked) if asked is not None
             else jobs.latest_checkpoint(session, ref.job))
     if ckpt is None:
         steps = [c.step for c in jobs.list_checkpoints(session, tenant_id, ref.job)]
         raise field_error("continue_from.step", f"job {ref.job} has no checkpoint"
-                          + (f" at step {ref.step}" if ref.step is not None else "")
+                          + (f" at step {asked}" if asked is not None else "")
                           + f" (it has {steps or 'none'})")
     parent_spec = JobSpec.model_validate(parent.spec)
     model = parent_spec.model

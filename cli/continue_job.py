@@ -19,8 +19,8 @@ from cli.remote import api_errors, console, follow_job, make_client, print_outco
 @api_errors
 def continue_job(job_id: str = typer.Argument(..., help="The job to continue."),
                  broad: bool = typer.Option(False, "--broad", help="n x 4 (up to 512) at the lr rule's rate."),
-                 step: Optional[int] = typer.Option(None, "--step", min=0, help="Its checkpoint at this step "
-                                                    "(default: the newest)."),
+                 step: Optional[str] = typer.Option(None, "--step", help="Its checkpoint at this step, or "
+                                                    "'latest' (the default: the newest)."),
                  optimizer: bool = typer.Option(False, "--optimizer", help="Also restore its optimizer state."),
                  steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Steps of the new stage."),
                  name: Optional[str] = typer.Option(None, "--name"),
@@ -29,7 +29,7 @@ def continue_job(job_id: str = typer.Argument(..., help="The job to continue."),
     """Continue a job from its checkpoint (narrow as it was, or --broad)."""
     with make_client() as client:
         spec = client.continuation_spec(job_id, broad=broad)
-        spec["continue_from"].update({"step": step, "optimizer": optimizer})
+        spec["continue_from"].update({"step": _step(step), "optimizer": optimizer})
         if steps is not None:
             spec["rollout"]["schedule"][-1]["steps"] = steps
         if name:
@@ -44,6 +44,15 @@ def continue_job(job_id: str = typer.Argument(..., help="The job to continue."),
                       f"n={stage['n']}, lr={spec['optim']['lr']:.3g})", highlight=False)
         if wait:
             raise typer.Exit(print_outcome(follow_job(client, job["id"])))
+
+
+def _step(value: str | None) -> int | str | None:
+    """--step: a step number, or "latest" (sent as such; the service names the step it found)."""
+    if value is None or value == "latest":
+        return value
+    if not value.isdigit():
+        raise typer.BadParameter(f"{value!r} is neither a step number nor 'latest'", param_hint="--step")
+    return int(value)
 
 
 def register(app: typer.Typer) -> None:

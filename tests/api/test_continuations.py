@@ -83,3 +83,17 @@ def test_the_continuation_spec_continues_narrow_or_broad(client, auth, database_
 def test_a_job_without_a_checkpoint_has_no_continuation_yet(client, auth):
     job = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
     assert_error(client.get(f"/v1/jobs/{job}/continuation", headers=auth), 409)
+
+
+def test_latest_names_the_newest_checkpoint_as_null_does(client, auth, database_url, tmp_path, enqueued):
+    parent = _with_checkpoints(client, auth, database_url, tmp_path, [2, 6, 4])
+    resp = _continue(client, auth, {"job": parent, "step": "latest"})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["spec"]["continue_from"] == {"job": parent, "step": 6, "optimizer": False}
+    # the stored spec names the step it found: a later checkpoint does not move this child
+    err = assert_error(_continue(client, auth, {"job": parent, "step": "newest"}), 422)
+    assert "continue_from" in err.get("field", "") + err["message"] and "latest" in err["message"], err
+    assert_error(_continue(client, auth, {"job": parent, "step": -1}), 422)
+    empty = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
+    err = assert_error(_continue(client, auth, {"job": empty, "step": "latest"}), 422, field="continue_from.step")
+    assert "no checkpoint" in err["message"]
