@@ -44,6 +44,31 @@ def test_a_missing_package_fails_in_ci_and_skips_elsewhere(monkeypatch):
     assert require_module("json").dumps([1]) == "[1]"
 
 
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_a_module_that_requires_a_missing_package_is_skipped_whole_or_fails_in_ci(tmp_path, ci):
+    """At a module's top (as the Ray tests use it): a skip of the module here, an error in CI;
+    never pytest's "skip outside of a test" collection error when skipping is right."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "test_needs_it.py").write_text(
+        "from tests.support.services import require_module\n"
+        "require_module('no_such_package_here')\n"
+        "def test_never_runs():\n    pass\n")
+    repo = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "test_needs_it.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "CI": ci, "PYTHONPATH": str(repo)})
+    if ci:
+        assert run.returncode != 0 and "the no_such_package_here package is missing, and CI must provide it" \
+            in run.stdout, run.stdout
+    else:
+        assert run.returncode == 5 and "1 skipped" in run.stdout, run.stdout  # 5: no test ran
+        assert "the no_such_package_here package is not available here" in run.stdout
+
 class _Item:
     def __init__(self, *marks):
         self.marks = [m.mark for m in marks]

