@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from store.settings import Settings
@@ -12,12 +13,25 @@ from tests.support.services import compose_command, compose_missing, require_ser
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_compose_config_is_valid():
+RAY_SERVICES = {"ray-head", "ray-node"}
+
+
+@pytest.mark.parametrize("profiles", [(), ("ray",)], ids=["default", "ray"])
+def test_compose_config_is_valid(profiles):
+    """The file as `docker compose up` reads it, and with each profile on (the v2 plugin leaves a
+    profile's services out of the model, and so unchecked, unless it is on)."""
     require_service("docker compose", compose_missing())
-    command = compose_command()
-    result = subprocess.run([*command, "-f", "docker-compose.yml", "config", "-q"], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
+    command = [*compose_command(), "-f", "docker-compose.yml"]
+    for profile in profiles:
+        command += ["--profile", profile]
+    result = subprocess.run([*command, "config", "-q"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+    listed = subprocess.run([*command, "config", "--services"], cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    services = set(listed.stdout.split())
+    if "ray" in profiles:
+        assert RAY_SERVICES <= services, services
 
 
 def test_compose_file_shape():
