@@ -213,6 +213,7 @@ class _Driver:
               turn: int) -> None:
         cut_by_budget = len(ids) > allowance or (not finished and len(ids) >= allowance)
         ids, lps = ids[:allowance], lps[:allowance]
+        context = t.prompt + t.ids       # what this turn was sampled from
         t.ids += ids
         t.logprobs += lps
         t.mask += [1] * len(ids)
@@ -220,6 +221,7 @@ class _Driver:
         t.last_cut = cut_by_budget or not finished
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         t.turn = parse_turn(text, turn=turn, fmt=self.fmt, truncated=t.last_cut)
+        t.turn.prompt_ids, t.turn.token_ids, t.turn.logprobs = context, ids, lps
         t.turn_ids = ids
         t.messages.append(t.turn.message())
         if cut_by_budget:

@@ -397,6 +397,73 @@ def test_close_stops_live_episodes_and_the_loop(guess):
 # ----------------------------------------------------------------------------- through the driver
 
 
+class _Sampler:
+    """A scripted engine: sample j's turn is a guess (`script(context_text, j)`), EOS-ended, each
+    token's log-prob distinct so a mix-up shows."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script = tok, script
+
+    def generate(self, prompts, sampling):
+        from trainer.rollouts import Generation
+
+        out = Generation(prompt_index=[], token_ids=[], logprobs=[], finished=[])
+        for p, prompt in enumerate(prompts):
+            for j in range(sampling.n):
+                ids = self.tok(self.script(self.tok.decode(prompt), j), add_special_tokens=False)["input_ids"]
+                ids = (ids + [self.tok.eos_token_id])[:sampling.max_new_tokens]
+                out.prompt_index.append(p)
+                out.token_ids.append(ids)
+                out.logprobs.append([-0.01 * (len(prompt) + k) for k in range(len(ids))])
+                out.finished.append(ids[-1] == self.tok.eos_token_id)
+        return out
+
+
+def test_the_environment_sees_the_sampled_token_ids_and_logprobs():
+    """The library's client contract: each model response carries what the engine sampled
+    (`ResponseTokens`: the context's ids, the turn's ids, their log-probs) and the library keeps
+    it in the state's trajectory steps, where an environment reads it. Through the driver, those
+    are exactly the ids and log-probs the trajectory trains on."""
+    from tests.support.chat_tokenizers import chat_tokenizer
+    from trainer.rollouts.batch import SamplingConfig
+    from trainer.rollouts.multiturn import run_episodes
+
+    tok = chat_tokenizer()
+    env = ve.build(vspec("vf-guess", num_examples=4), settings=SETTINGS, tag="tokens")
+    task = ve.task(vspec("vf-guess", num_examples=4), SETTINGS, 0)
+    seen: dict[str, list] = {}
+    library_step = env.env.add_trajectory_step
+
+    async def add_trajectory_step(state, step):   # the library's hook for an environment's own use
+        seen.setdefault(state["trajectory_id"], []).append(step["tokens"])
+        await library_step(state, step)
+
+    env.env.add_trajectory_step = add_trajectory_step
+    # Sample j opens with guess j + 1, then every turn guesses 3 more than its last turn count.
+    engine = _Sampler(tok, lambda ctx, j: str(ctx.count("<|im_start|>assistant") * 3 + j - 2))
+    try:
+        ep = run_episodes(engine, tok, env, None, task.train[:1], SamplingConfig(n=2, max_new_tokens=8),
+                          max_turns=3, max_total_tokens=400, reward_mode="env")
+    finally:
+        env.close()
+    assert ep.env_errors == 0, ep.infos
+    assert len(seen) == 2 and sorted(len(steps) for steps in seen.values()) == sorted(ep.turns)
+    matched = set()
+    for steps in seen.values():
+        assert all(s is not None for s in steps), "a response without tokens"
+        sampled = [x for s in steps for x in s["completion_ids"]]
+        logprobs = [x for s in steps for x in s["completion_logprobs"]]
+        i = next(i for i in range(len(ep)) if [x for x, m in zip(ep.completion_ids[i], ep.loss_mask[i]) if m] == sampled)
+        matched.add(i)
+        assert logprobs == [x for x, m in zip(ep.logprobs[i], ep.loss_mask[i]) if m]
+        full = ep.prompt_ids[i] + ep.completion_ids[i]
+        for s in steps:   # each turn's context and ids are the trajectory's own, in order
+            assert s["prompt_mask"] == [0] * len(s["prompt_ids"]) and s["completion_mask"] == [1] * len(s["completion_ids"])
+            assert full[:len(s["prompt_ids"]) + len(s["completion_ids"])] == s["prompt_ids"] + s["completion_ids"]
+        assert steps[0]["prompt_ids"] == ep.prompt_ids[i]
+    assert matched == {0, 1} and max(ep.turns) > 1
+
+
 @pytest.mark.integration  # warm-starts builtin:tiny (shared with the loop tests): minutes on 2 cores
 @pytest.mark.timeout(900)
 def test_the_driver_runs_a_verifiers_env_on_the_tiny_hf_engine():

@@ -45,6 +45,12 @@ class AssistantTurn:
     tool_calls: list[ToolCall] = field(default_factory=list)
     parse_error: str | None = None
     truncated: bool = False          # cut by the turn's token budget before it ended
+    # What the engine sampled, as the driver trains on it (empty when a turn was not sampled,
+    # e.g. scripted in a test): the context the turn was sampled from (the opening prompt, every
+    # earlier turn and environment reply), the turn's token ids and their log-probs.
+    prompt_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
 
     def message(self) -> Message:
         """The turn as a chat message (tool calls in OpenAI's shape)."""

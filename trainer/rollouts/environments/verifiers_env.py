@@ -16,7 +16,8 @@ the model for a turn, the request goes to the trainer's multi-turn driver
 (`trainer.rollouts.multiturn`) instead of an HTTP endpoint. `Episode.start` returns the prompt
 of the first request (the row's prompt with the env's system prompt and few-shot, as the
 library composed them); `Episode.step` answers the pending request with the model's turn (its
-text and the tool calls the driver parsed, as a `vf.Response`) and returns what the loop did
+text, the tool calls the driver parsed, and the context's and the turn's token ids with their
+log-probs as the library's `ResponseTokens`, all as a `vf.Response`) and returns what the loop did
 next: the messages the environment appended before its next request (tool results, a user
 turn), or, when the loop ended, its `final_env_response` and `done`. `Episode.finish` scores
 the finished state with the environment's rubric (`rubric.score_group` over the one rollout:
@@ -277,16 +278,27 @@ class VerifiersEpisode:
 
     def _response(self, turn: AssistantTurn) -> Any:
         vf = self.owner.vf
-        from verifiers.legacy.types import ResponseMessage, ToolCall
+        from verifiers.legacy.types import ResponseMessage, ResponseTokens, ToolCall, Usage
 
         calls = None
         if self.owner.tool_names and turn.tool_calls:
             calls = [ToolCall(id=c.id, name=c.name, arguments=json.dumps(c.arguments)) for c in turn.tool_calls]
         finish = "length" if turn.truncated else ("tool_calls" if calls else "stop")
+        tokens = usage = None
+        if turn.token_ids:
+            # What the engine sampled, as the library's OpenAI client fills it from vLLM's
+            # return_token_ids and logprobs: the context's ids (mask 0), the turn's ids (mask 1)
+            # and their log-probs; the library keeps them in the state's trajectory steps.
+            prompt, completion = list(turn.prompt_ids), list(turn.token_ids)
+            tokens = ResponseTokens(prompt_ids=prompt, prompt_mask=[0] * len(prompt),
+                                    completion_ids=completion, completion_mask=[1] * len(completion),
+                                    completion_logprobs=[float(x) for x in turn.logprobs])
+            usage = Usage(prompt_tokens=len(prompt), reasoning_tokens=0, completion_tokens=len(completion),
+                          total_tokens=len(prompt) + len(completion))
         message = ResponseMessage(content=turn.text, tool_calls=calls, finish_reason=finish,
-                                  is_truncated=turn.truncated, tokens=None)
+                                  is_truncated=turn.truncated, tokens=tokens)
         return vf.Response(id=f"brorl-{uuid.uuid4().hex}", created=int(time.time()), model=MODEL_NAME,
-                           usage=None, message=message)
+                           usage=usage, message=message)
 
     async def _answer(self, turn: AssistantTurn) -> tuple[str, Any]:
         request, self._pending = self._pending, None
