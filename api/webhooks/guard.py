@@ -11,12 +11,21 @@ network backend resolves the host, refuses a non-public address, and connects to
 it checked (TLS still verifies the host name), so a DNS answer that changes between the
 check and the connection (rebinding) cannot reach inside. No proxy from the environment is
 used (it would connect on the URL's behalf), and redirects are not followed.
+
+Each delivery has a hard total deadline (`deadline`): httpx's timeouts are per phase (a
+receiver that trickles its answer a byte at a time resets the read timeout at every byte and
+could hold the dispatcher for ever), so every socket operation of the guarded streams waits at
+most until the deadline, and none starts after it. DNS resolution is left to the system
+resolver's own timeouts.
 """
 from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Iterable
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Iterable
 from urllib.parse import urlsplit
 
 import httpcore
@@ -105,8 +114,57 @@ def url_problem(url: str, allowed: Iterable[Network], resolve_host: bool = True)
     return None
 
 
+_deadline = threading.local()  # the dispatcher's thread sends one delivery at a time
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Guarded streams of this thread end every wait by `seconds` from now."""
+    _deadline.at = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _deadline.at = None
+
+
+def _within(timeout: float | None, late: type[Exception]) -> float | None:
+    """`timeout` shortened to what is left before this thread's deadline; `late` past it."""
+    at = getattr(_deadline, "at", None)
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise late("the delivery's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read, write and TLS handshake ends by the deadline (a
+    socket's timeout bounds one recv, which a trickled byte satisfies; CPython's handshake
+    treats it as a total)."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self.inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max_bytes, _within(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, _within(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self.inner.start_tls(ssl_context, server_hostname,
+                                                    _within(timeout, httpcore.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+
 class _GuardedBackend(httpcore.SyncBackend):
-    """Connects only to checked addresses, to the address it checked."""
+    """Connects only to checked addresses, to the address it checked, on deadline streams."""
 
     def __init__(self, allowed: list[Network]) -> None:
         self.allowed = allowed
@@ -115,7 +173,8 @@ class _GuardedBackend(httpcore.SyncBackend):
         last: Exception | None = None
         for ip in checked_addresses(host, port, self.allowed):
             try:
-                return super().connect_tcp(ip, port, timeout, local_address, socket_options)
+                return _DeadlineStream(super().connect_tcp(ip, port, _within(timeout, httpcore.ConnectTimeout),
+                                                           local_address, socket_options))
             except httpcore.ConnectError as exc:  # the next address of the host
                 last = exc
         raise last or httpcore.ConnectError(f"cannot connect to {host}")

@@ -19,6 +19,7 @@ from api.webhooks.dispatch import dispatch_once
 from api.webhooks.guard import guarded_client, parse_networks
 from store import webhooks
 from store.tables import utcnow
+from store.webhook_tables import WebhookDelivery
 from tests.api.helpers import assert_error, make_spec
 
 LOOPBACK = "127.0.0.0/8"
@@ -26,17 +27,34 @@ LOOPBACK = "127.0.0.0/8"
 
 class Receiver:
     """A webhook receiver on 127.0.0.1: records each request, answers `status` (and a
-    `Location` when it redirects)."""
+    `Location` when it redirects); `mode` "trickle" sends its answer a byte every 0.1 s,
+    "flood" a 1 GiB body."""
 
     def __init__(self) -> None:
         self.requests: list[dict] = []
-        self.status, self.location = 200, None
+        self.status, self.location, self.mode = 200, None, None
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 receiver.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                try:
+                    if receiver.mode == "trickle":
+                        for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n":
+                            self.wfile.write(bytes([byte]))
+                            time.sleep(0.1)
+                        return
+                    if receiver.mode == "flood":
+                        self.send_response(200)
+                        self.send_header("Content-Length", str(1 << 30))
+                        self.end_headers()
+                        for _ in range((1 << 30) // 65536):
+                            self.wfile.write(bytes(65536))
+                        return
+                except OSError:  # the dispatcher hung up, as it should
+                    self.close_connection = True
+                    return
                 self.send_response(receiver.status)
                 if receiver.location:
                     self.send_header("Location", receiver.location)
@@ -68,9 +86,9 @@ def allow_loopback(settings):
     return settings
 
 
-def _send(app, allowed: str = LOOPBACK) -> int:
-    with guarded_client(parse_networks(allowed), timeout_s=5) as http:
-        return dispatch_once(app.state.sessionmaker, http, lease_s=60)
+def _send(app, allowed: str = LOOPBACK, deadline_s: float = 5) -> int:
+    with guarded_client(parse_networks(allowed), timeout_s=deadline_s) as http:
+        return dispatch_once(app.state.sessionmaker, http, lease_s=60, deadline_s=deadline_s)
 
 
 def _register(client, auth, url, **body):
@@ -178,6 +196,32 @@ def test_a_failing_receiver_is_retried_with_backoff_then_given_up(app, client, a
     assert retried.json()["status"] == "pending"
     assert _send(app) == 1 and _log(client, auth, eid)[0]["status"] == "delivered"
     assert len(receiver.requests) == 2
+
+
+@pytest.mark.parametrize("mode, reason", [("trickle", "timed out: no complete answer within the 1 s deadline"),
+                                          ("flood", "answer body over 64 KiB")])
+def test_a_receiver_that_trickles_or_floods_its_answer_fails_by_the_deadline(
+        app, client, auth, allow_loopback, receiver, mode, reason):
+    """httpx's timeouts are per read: a byte every 0.1 s would hold a 1 s timeout for the whole
+    3.8 s answer (and a delivery past its claim's lease). The delivery ends by its deadline, is
+    logged failed with the reason, and is sent again when its backoff is over."""
+    eid = _register(client, auth, receiver.url)["id"]
+    receiver.mode = mode
+    client.post(f"/v1/webhooks/{eid}/test", headers=auth)
+    started = time.monotonic()
+    assert _send(app, deadline_s=1) == 1
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.8, f"{mode}: the delivery took {elapsed:.2f} s against a 1 s deadline"
+    (logged,) = _log(client, auth, eid)
+    assert logged["status"] == "pending" and logged["attempts"] == 1, logged
+    assert reason in logged["last_error"], logged
+    assert _send(app, deadline_s=1) == 0  # not due again before its backoff
+    with app.state.sessionmaker() as s:  # the backoff over: sent again, to a receiver now well
+        s.get(WebhookDelivery, logged["id"]).next_attempt_at = utcnow()
+        s.commit()
+    receiver.mode = None
+    assert _send(app, deadline_s=1) == 1
+    assert _log(client, auth, eid)[0]["status"] == "delivered" and len(receiver.requests) == 2
 
 
 def test_a_rotated_secret_signs_beside_the_new_one(app, client, auth, allow_loopback, receiver):
