@@ -1,9 +1,9 @@
 """The built-in tools environment against the real sandbox, through each real layer
 (bubblewrap, and the Landlock fallback): a call returns its result, state stays with its
-trajectory, and each hostile call (a tool that raises, hangs, prints megabytes, forks,
-reads another tenant's files, opens a socket) answers the model with an error while the
-episode carries on; after close() no process of the environment is left (its unique tag
-appears in no process's command line)."""
+trajectory, and each hostile call (the interpreter's code or a tenant's own tool function
+that raises, hangs, prints megabytes, forks, reads another tenant's files, opens a socket)
+answers the model with an error while the episode carries on; after close() no process of
+the environment is left (its unique tag appears in no process's command line)."""
 from __future__ import annotations
 
 import asyncio
@@ -51,6 +51,24 @@ def read(path: str) -> str:
 
 def _reward(messages):
     return float(len(NOTES))
+
+def spin(n: int) -> int:
+    """Counts forever."""
+    while True:
+        n += 1
+
+def chatter(megabytes: int) -> str:
+    """Prints megabytes."""
+    print("x" * (megabytes * 1024 * 1024))
+    return "said"
+
+def spawn(seconds: int) -> str:
+    """Leaves a child behind that outlives the call."""
+    if os.fork() == 0:
+        import time
+        time.sleep(seconds)
+        os._exit(0)
+    return "spawned"
 '''
 
 
@@ -189,6 +207,23 @@ def _carries_on(tools, episode, reply, needle):
 def test_a_failing_call_answers_with_an_error(tools, call, needle):
     episode = tools.episode()
     reply, = tools.turn((episode, [call]))
+    _carries_on(tools, episode, reply, needle)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (("spin", {"n": 0}), "over 1 s"),
+    (("chatter", {"megabytes": 8}), "output limit exceeded"),
+    (("spawn", {"seconds": 600}), "PermissionError: [Errno 1] Operation not permitted"),
+])
+def test_a_hostile_tenant_tool_answers_with_an_error_in_time(tools, call, needle):
+    """The tenant's own tool functions (not only the interpreter tool) hang, print megabytes,
+    leave a child behind: the model gets an error within the tool timeout (1 s here; the
+    server's hard deadline, 5 s, is not what ends it), counted, the episode carries on, and
+    close() leaves no process (the fixture checks)."""
+    episode = tools.episode()
+    start = time.monotonic()
+    reply, = tools.turn((episode, [call]))
+    assert time.monotonic() - start < 4.0, "the call was not ended by the tool timeout"
     _carries_on(tools, episode, reply, needle)
 
 
