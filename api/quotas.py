@@ -1,4 +1,5 @@
-"""Per-tenant quotas: active jobs, stored datasets and their bytes (429 `quota_exceeded`).
+"""Per-tenant quotas: active jobs, stored datasets and their bytes, completion tokens per
+rolling day (429 `quota_exceeded`).
 
 Checked against the database when something is created, so they hold across API processes.
 Two creations racing past the last free slot can both pass (check, then insert): a quota is
@@ -17,7 +18,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
-from store import datasets
+from store import completion_usage, datasets
 from store.jobs import count_active_jobs
 from store.settings import Settings
 
@@ -46,6 +47,21 @@ def check_dataset_quota(session: Session, settings: Settings, tenant_id: int,
     if used + incoming_bytes > settings.max_dataset_bytes_per_tenant:
         raise _exceeded(f"datasets may use at most {settings.max_dataset_bytes_per_tenant} "
                         f"bytes per tenant ({used} used)")
+
+
+def check_completion_quota(session: Session, settings: Settings, tenant_id: int) -> None:
+    """Refuse a completion before it generates while the tenant's last 24 hours of calls
+    used the whole `completion_tokens_per_day` (the call that crosses it finishes: its
+    length is not known before it ends)."""
+    limit = settings.completion_tokens_per_day
+    if not limit:
+        return
+    used = completion_usage.tokens_used(session, tenant_id)
+    if used >= limit:
+        freed = completion_usage.next_release(session, tenant_id)
+        when = f"; the oldest call counted leaves the window at {freed:%Y-%m-%d %H:%M} UTC" if freed else ""
+        raise _exceeded(f"at most {limit} completion tokens (prompt + completion) per tenant per "
+                        f"24 hours; {used} used{when}")
 
 
 class StreamSlots:

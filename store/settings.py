@@ -162,6 +162,9 @@ class Settings(BaseSettings):
     inference_max_n: int = Field(4, ge=1)
     inference_timeout_s: float = Field(300, gt=0)
     max_generations_per_tenant: int = Field(2, ge=1)  # concurrent, per API process
+    # Prompt + completion tokens a tenant's completions may use per rolling 24 hours, counted
+    # in the database (every API process alike); 0: unlimited.
+    completion_tokens_per_day: int = Field(0, ge=0)
     worker_id: str = Field(default_factory=_default_worker_id)
 
     @model_validator(mode="before")

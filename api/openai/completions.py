@@ -7,17 +7,22 @@ fine-tuning surface hands out, `ft:<job id>:step-<N>` (objects.CHECKPOINT_NAME);
 `model` is always the latter, so a client asking for a job's newest learns which step answered. Another
 tenant's job is as unknown as a made-up one: a 404 with OpenAI's `model_not_found`. Each
 tenant has at most `max_generations_per_tenant` generations running in this API process (a
-429 beyond), on top of the rate limits every /v1 request passes. This process imports no
-torch: it resolves the checkpoint, checks the parameters (sampling.py), and relays text.
+429 beyond), on top of the rate limits every /v1 request passes, and, with
+`completion_tokens_per_day`, at most that many prompt + completion tokens per rolling 24
+hours (store.completion_usage: each finished call's usage, streamed or not, is written to the
+database, so the quota holds across API processes; a call is refused before it generates).
+This process imports no torch: it resolves the checkpoint, checks the parameters
+(sampling.py), and relays text.
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -25,7 +30,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
-from store import jobs
+from store import completion_usage, jobs
 from store.inference import inference_token, server_for
 from store.settings import Settings
 from store.tables import Checkpoint
@@ -35,8 +40,9 @@ from api.deps import SessionDep, SettingsDep, TenantDep
 from api.openai import sampling
 from api.openai.errors import OpenAIError, OpenAIRoute, bad_request
 from api.openai.objects import CHECKPOINT_NAME, checkpoint_name
-from api.quotas import StreamSlots
+from api.quotas import StreamSlots, check_completion_quota
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["openai: completions"], route_class=OpenAIRoute)
 _JOB_STEP = r"^(?P<job>[A-Za-z0-9_]{1,40})(:(?P<step>[0-9]{1,9}))?$"
 
@@ -69,6 +75,26 @@ def _slots(request: Request) -> StreamSlots:
     if not hasattr(state, "generation_slots"):
         state.generation_slots = StreamSlots("generations in progress")
     return state.generation_slots
+
+
+def _accountant(request: Request, tenant_id: int, model: str) -> Callable[[int, int], None]:
+    """Writes a call's usage once (the quota's count). Short and synchronous on purpose: it
+    runs in a stream's `finally`, where an await could be cancelled with the hung-up client."""
+    sessions, done = request.app.state.sessionmaker, False
+
+    def account(prompt_tokens: int, completion_tokens: int) -> None:
+        nonlocal done
+        if done or prompt_tokens + completion_tokens <= 0:
+            return
+        done = True
+        try:
+            with sessions() as s:
+                completion_usage.record(s, tenant_id, model, prompt_tokens, completion_tokens)
+                s.commit()
+        except Exception:  # the answer is sent; a lost count is logged, not raised at the client
+            log.exception("completion usage of tenant %s not recorded", tenant_id)
+
+    return account
 
 
 async def _open(settings: Settings, ckpt: Checkpoint, payload: dict[str, Any]
@@ -172,6 +198,7 @@ async def _complete(request: Request, session: Session, settings: Settings, tena
                                         "prompts per request are not served)")
         payload["prompt"] = prompt
     ckpt = resolve_checkpoint(session, tenant_id, req.model)
+    check_completion_quota(session, settings, tenant_id)
     session.close()  # nothing more to read; do not hold a connection while text is generated
     release = _slots(request).acquire(tenant_id, settings.max_generations_per_tenant)
     try:
@@ -180,18 +207,19 @@ async def _complete(request: Request, session: Session, settings: Settings, tena
         release()
         raise
     shape = _Shape(chat, checkpoint_name(ckpt.job_id, ckpt.step))  # which checkpoint answered
+    account = _accountant(request, tenant_id, shape.model)
     if req.stream:
-        body = _stream(shape, _pieces(client, answer), req, release)
+        body = _stream(shape, _pieces(client, answer), req, release, account)
         # A client gone before the first byte leaves the stream unstarted, and its `finally`
         # never runs: the slot comes back when the generator is collected.
         weakref.finalize(body, release)
         return StreamingResponse(body,
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    texts: dict[int, list[str]] = {}
+    finish: dict[int, str] = {}
+    prompt_tokens = completion = 0
     try:
-        texts: dict[int, list[str]] = {}
-        finish: dict[int, str] = {}
-        prompt_tokens = completion = 0
         async for piece in _pieces(client, answer):
             if "error" in piece:
                 raise OpenAIError(500, f"inference: {piece['error']}")
@@ -203,10 +231,13 @@ async def _complete(request: Request, session: Session, settings: Settings, tena
         return shape.whole(texts, finish, _usage(prompt_tokens, completion))
     finally:
         release()
+        account(prompt_tokens, completion)
 
 
 async def _stream(shape: _Shape, pieces: AsyncIterator[dict[str, Any]], req: sampling.Request,
-                  release: Any) -> AsyncIterator[bytes]:
+                  release: Any, account: Callable[[int, int], None]) -> AsyncIterator[bytes]:
+    """The answer as server-sent chunks; its usage counted as far as it got (the choices that
+    finished: a choice cut off by a client that hung up has no count yet)."""
     started: set[int] = set()
     prompt_tokens = completion = 0
     try:
@@ -230,6 +261,7 @@ async def _stream(shape: _Shape, pieces: AsyncIterator[dict[str, Any]], req: sam
         yield b"data: [DONE]\n\n"
     finally:
         release()
+        account(prompt_tokens, completion)
 
 
 def _body_schema(chat: bool) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """/v1/chat/completions and /v1/completions in the API process: parameters honoured or refused by
 name, the model resolved among the tenant's checkpoints only, an unreachable inference server
-named, and the per-tenant cap on generations at once (with a stand-in inference server; the
+named, the per-tenant cap on generations at once and the daily token quota (with a stand-in inference server; the
 real one, with the openai SDK, is tests/e2e/test_chat_e2e.py)."""
 from __future__ import annotations
 
@@ -10,16 +10,19 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
+from sqlalchemy import func, select
 
 from api.app import create_app
 from api.openai import sampling
 from api.openai.errors import OpenAIError
+from store.completion_usage import CompletionUsage
 from store.db import session_scope
 from store.settings import Settings
 from store.tables import Checkpoint
@@ -176,3 +179,42 @@ def test_a_tenant_has_at_most_its_generations_at_once(slow_stack, settings) -> N
         answer = done.json()
         assert answer["choices"][0]["message"]["content"] == "he"
         assert answer["usage"] == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+
+
+def test_a_tenant_over_its_daily_completion_tokens_is_refused(client, settings, auth, other_auth) -> None:
+    """Each call of the stand-in uses 2 + 1 tokens; at 5 a day the third call is refused before
+    it generates (the second, streamed, crossed the line and finished), another tenant is not,
+    and a call that leaves the 24-hour window frees its tokens. Counted in the database."""
+    release = threading.Event()
+    release.set()  # the stand-in answers at once
+    servers = _serve(_slow_inference(release))
+    settings.inference_urls = next(servers)
+    settings.completion_tokens_per_day = 5
+    try:
+        jobs_of = {}
+        for name, headers in (("mine", auth), ("other", other_auth)):
+            jobs_of[name] = client.post("/v1/jobs", json=make_spec(), headers=headers).json()["id"]
+            _checkpoint(settings, jobs_of[name], 1)
+
+        def call(who: str, headers: dict, stream: bool = False) -> httpx.Response:
+            return client.post("/v1/chat/completions", headers=headers, json={
+                "model": jobs_of[who], "messages": CHAT, "stream": stream})
+
+        assert call("mine", auth).status_code == 200
+        streamed = call("mine", auth, stream=True)
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+        refused = call("mine", auth)
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "quota_exceeded" and error["type"] == "rate_limit_error"
+        assert "at most 5 completion tokens" in error["message"] and "6 used" in error["message"]
+        assert call("mine", auth, stream=True).status_code == 429  # refused before a stream starts
+        assert call("other", other_auth).status_code == 200  # another tenant's count is its own
+        with session_scope(settings.database_url) as s:
+            oldest = s.scalars(select(CompletionUsage).order_by(CompletionUsage.id)).first()
+            oldest.created_at -= timedelta(days=1)  # a day on, the first call no longer counts
+        assert call("mine", auth).status_code == 200
+        with session_scope(settings.database_url) as s:
+            assert s.scalar(select(func.count()).select_from(CompletionUsage)) == 3  # the old row pruned
+    finally:
+        next(servers, None)

@@ -24,7 +24,7 @@ def downgrade(url: str, rev: str) -> None:
 
 
 TABLES = {"tenants", "api_keys", "jobs", "job_events", "job_samples", "metrics", "checkpoints", "datasets",
-          "webhook_endpoints", "webhook_deliveries"}
+          "webhook_endpoints", "webhook_deliveries", "completion_usage"}
 
 
 def _tables(url: str) -> set[str]:
