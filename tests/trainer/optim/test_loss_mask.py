@@ -205,3 +205,19 @@ def test_select_concat_and_episodes_keep_the_mask():
                   texts=["", ""], truncated=[False, False], rewards=[1.0, 0.0], correct=[True, False],
                   loss_mask=[[1, 0], [1]])
     assert ep.to_rollouts().loss_mask == [[1, 0], [1]]
+
+
+@pytest.mark.parametrize("shared,pack", PATHS)
+def test_a_masked_batch_split_into_micro_batches_updates_as_one(shared, pack):
+    """Under a micro-batch token budget the masked batch runs in several micro-batches; the loss
+    is still normalised by the whole mini-batch's model tokens, so the update is the same."""
+    batch, _, ref = _multiturn(seed=2)
+    base = _model()
+    small = 40  # a few samples per micro-batch
+    assert len(_chunks(base, batch.prompt_ids, batch.response_ids, small, shared, pack)[0]) > 2
+    one, w_one = _step(copy.deepcopy(base), batch, ref, shared=shared, pack=pack)
+    many, w_many = _step(copy.deepcopy(base), batch, ref, shared=shared, pack=pack, max_tokens=small)
+    for key in STATS + ("grad_norm",):
+        assert many[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
+    for a, b in zip(w_one, w_many):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
