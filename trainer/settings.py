@@ -45,6 +45,8 @@ class TrainerSettings(BaseSettings):
     ray_gpu_resource: str = Field("GPU", min_length=1, description="the Ray resource one rank takes "
                                   "(a custom one on CPU-only clusters)")
     ray_cpus_per_rank: float = Field(1.0, gt=0, description="CPUs reserved per rank in a node's bundle")
+    ray_memory_per_rank_gb: float = Field(8.0, ge=0, description="host memory (GiB) reserved per rank in a "
+                                          "node's bundle (0: none reserved)")
     ray_placement_timeout_s: float = Field(0.0, ge=0, description="how long a job waits for its nodes "
                                            "before it fails (0: until cancelled)")
     # Read (and checked) by trainer.rollouts.environments.openenv_env, which stays unimported here.

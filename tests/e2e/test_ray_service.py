@@ -27,6 +27,7 @@ from trainer.spec import JobSpec  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
 
 GPU = "brorl_gpu"
+NODE = {"num_cpus": 1, "resources": {GPU: 1}, "memory": 2 * 2**30}  # a bundle reserves 1 GiB (below)
 
 
 def spec(steps: int, min_nodes: int | None = None) -> dict:
@@ -42,7 +43,7 @@ def spec(steps: int, min_nodes: int | None = None) -> dict:
 def cluster() -> Iterator[Cluster]:
     prebuild(JobSpec.model_validate(spec(2)))  # every node's ranks find builtin:tiny in BRORL_CACHE_DIR
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    c.brorl_nodes = [c.add_node(num_cpus=1, resources={GPU: 1}) for _ in range(2)]
+    c.brorl_nodes = [c.add_node(**NODE) for _ in range(2)]
     ray.init(address=c.address, log_to_driver=False)  # this test's own view of the cluster
     c.wait_for_nodes()
     yield c
@@ -54,6 +55,7 @@ def cluster() -> Iterator[Cluster]:
 def stack(cluster: Cluster, tmp_path_factory) -> Iterator[Stack]:
     with running_stack(tmp_path_factory.mktemp("ray"), {
             "BRORL_RAY_ADDRESS": cluster.address, "BRORL_RAY_MAX_NODES": "2", "BRORL_RAY_GPU_RESOURCE": GPU,
+            "BRORL_RAY_MEMORY_PER_RANK_GB": "1",
             "BRORL_HEARTBEAT_SECONDS": "1", "BRORL_RAY_SHRINK_AFTER_S": "1",
             "BRORL_TRAINER_ENTRYPOINT": None}) as stack:
         yield stack
@@ -100,7 +102,7 @@ def test_a_lost_node_fails_the_attempt_and_the_retry_resumes_on_the_node_left(cl
         assert any(m.startswith("running on 1 nodes instead of 2") for m in warned), events
         _assert_all_free(stack)
     finally:
-        cluster.brorl_nodes[1] = cluster.add_node(num_cpus=1, resources={GPU: 1})
+        cluster.brorl_nodes[1] = cluster.add_node(**NODE)
         cluster.wait_for_nodes()
 
 
@@ -116,7 +118,7 @@ def _assert_all_free(stack: Stack) -> None:
     is left (a removed node's resources no longer count)."""
     deadline = time.monotonic() + 30
     while True:
-        free = ray.available_resources().get(GPU) == ray.cluster_resources().get(GPU)
+        free = all(ray.available_resources().get(r) == ray.cluster_resources().get(r) for r in (GPU, "memory"))
         ranks = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_rank_of(p, stack)]
         if free and not ranks:
             return

@@ -1,9 +1,10 @@
 """The `ray` launcher: a job's `nodes x gpus_per_node` ranks on the nodes of a Ray cluster.
 
 Placement: one placement group of `nodes` bundles, each `gpus_per_node` units of
-`BRORL_RAY_GPU_RESOURCE` ("GPU"; a custom resource on CPU-only clusters, e.g. the tests')
-and `gpus_per_node x BRORL_RAY_CPUS_PER_RANK` CPUs, strategy STRICT_SPREAD: one bundle per
-node, all reserved at once or none. While the group is pending, the ranks poll as running
+`BRORL_RAY_GPU_RESOURCE` ("GPU"; a custom resource on CPU-only clusters, e.g. the tests'),
+`gpus_per_node x BRORL_RAY_CPUS_PER_RANK` CPUs and `gpus_per_node x BRORL_RAY_MEMORY_PER_RANK_GB`
+GiB of Ray's `memory` (`bundle`), strategy STRICT_SPREAD: one bundle per node, all reserved at
+once or none. While the group is pending, the ranks poll as running
 (a cancel reaches the wait) and the job gets a `progress` event (phase `launch`) saying what
 it waits for and its place among the pending jobs; the group holds nothing until it is whole.
 A cancel during the wait (the `stop` file), a fenced attempt or `BRORL_RAY_PLACEMENT_TIMEOUT_S`
@@ -174,6 +175,17 @@ def _signal_session(pid: int, sig: int) -> None:
 _Agent = ray.remote(max_restarts=0, max_concurrency=1)(NodeAgent)
 
 
+def bundle(settings, nproc: int) -> dict[str, float]:
+    """One node's share of a job of `nproc` ranks per node: its GPUs, CPUs and host memory (Ray's
+    `memory` resource, in bytes; left out at BRORL_RAY_MEMORY_PER_RANK_GB=0). Reserving the
+    memory keeps Ray from packing other work onto a node whose RAM the ranks need (loading a
+    model, a distributed checkpoint's buffers); it is a reservation, not a limit."""
+    shape = {"CPU": settings.ray_cpus_per_rank * nproc, settings.ray_gpu_resource: nproc}
+    if settings.ray_memory_per_rank_gb > 0:
+        shape["memory"] = int(settings.ray_memory_per_rank_gb * nproc * 2**30)
+    return shape
+
+
 def _forwarded_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
 
@@ -186,7 +198,7 @@ class RayRanks(Ranks):
         self.control, self.event, self.settings = control, event, settings
         self.nodes, self.nproc = spec.resources.nodes, spec.resources.gpus_per_node
         self.min_nodes = spec.resources.min_nodes or self.nodes
-        self.bundle = {"CPU": settings.ray_cpus_per_rank * self.nproc, settings.ray_gpu_resource: self.nproc}
+        self.bundle = bundle(settings, self.nproc)
         self.name = f"{GROUP_PREFIX}{time.time_ns()}-{uuid.uuid4().hex[:8]}"  # sorts by creation
         self.agents: list = []
         self.rc: int | None = None
@@ -281,8 +293,9 @@ class RayRanks(Ranks):
         why = ("no set of nodes in the Ray cluster can hold it (until nodes are added)" if infeasible
                else "the nodes are busy")
         gpus = f"{self.nproc} {self.settings.ray_gpu_resource}"
-        message = (f"waiting for {self.nodes} nodes with {gpus} and {self.bundle['CPU']} CPUs each, all at "
-                   f"once: {why}; job {position} of {len(pending) or 1} waiting; nothing is held meanwhile")
+        memory = f" and {self.bundle['memory'] / 2**30:g} GiB of memory" if "memory" in self.bundle else ""
+        message = (f"waiting for {self.nodes} nodes with {gpus}, {self.bundle['CPU']} CPUs{memory} each, all "
+                   f"at once: {why}; job {position} of {len(pending) or 1} waiting; nothing is held meanwhile")
         self.event(EventType.progress, {"phase": "launch", "message": message, "done": 0, "total": self.nodes,
                                 "finished": False, "queue_position": position, "infeasible": infeasible,
                                 "waited_s": round(waited, 1)})
@@ -292,6 +305,8 @@ class RayRanks(Ranks):
     def _start_agents(self) -> None:
         gpu_res = self.settings.ray_gpu_resource
         need = {"num_gpus": self.nproc} if gpu_res == "GPU" else {"resources": {gpu_res: self.nproc}}
+        if "memory" in self.bundle:  # the agent holds the whole bundle, its memory too
+            need["memory"] = self.bundle["memory"]
         self.agents = [_Agent.options(
             num_cpus=self.bundle["CPU"], **need, name=f"{self.name}-node-{i}",
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=i),

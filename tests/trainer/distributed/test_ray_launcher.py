@@ -3,7 +3,8 @@ a head that runs nothing of ours and worker nodes with one `brorl_gpu` each, the
 resource that stands for a GPU here), gloo ranks, builtin:tiny:
 - one step on 2 nodes x 1 rank gives the parameters of 2 local ranks (torchrun) on the same job;
 - a job asking for more nodes than are free waits with an event and holds nothing while a
-  smaller job runs, and a cancel ends the wait;
+  smaller job runs, and a cancel ends the wait; a rank's memory (BRORL_RAY_MEMORY_PER_RANK_GB)
+  counts in placement: a node with less does not take it;
 - a node removed mid-job fails the attempt as a machine fault (`RankDied`), and the next
   attempt, on the nodes that are left, resumes from the checkpoint; a cancel mid-step stops
   every rank at a step boundary; a fenced attempt kills them at once;
@@ -32,6 +33,8 @@ from trainer.spec import JobSpec  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 GPU = "brorl_gpu"  # BRORL_RAY_GPU_RESOURCE here: a CPU-only cluster's stand-in for a GPU
+RANK_GB = 1  # BRORL_RAY_MEMORY_PER_RANK_GB here: each bundle reserves 1 GiB of Ray's `memory`
+NODE = {"num_cpus": 1, "resources": {GPU: 1}, "memory": 2 * 2**30}  # room for one rank's bundle
 
 SPEC = {
     "name": "ray", "seed": SHARED_SEED, "task": shared_task(),
@@ -53,7 +56,7 @@ def spec(nodes: int, gpus: int = 1, steps: int = 4, min_nodes: int | None = None
 def cluster():
     prebuild(spec(1))  # the model every node's ranks load, built once in the shared cache
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    nodes = [c.add_node(num_cpus=1, resources={GPU: 1}) for _ in range(2)]
+    nodes = [c.add_node(**NODE) for _ in range(2)]
     ray.init(address=c.address, namespace="brorl-tests", log_to_driver=False)
     c.wait_for_nodes()
     yield c, nodes
@@ -64,6 +67,7 @@ def cluster():
 @pytest.fixture()
 def ray_env(cluster, monkeypatch, tmp_path):
     monkeypatch.setenv("BRORL_RAY_GPU_RESOURCE", GPU)
+    monkeypatch.setenv("BRORL_RAY_MEMORY_PER_RANK_GB", str(RANK_GB))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     yield cluster
     _assert_nothing_left(tmp_path)
@@ -101,7 +105,7 @@ def _assert_nothing_left(under: Path, timeout: float = 30.0) -> None:
     while True:
         groups = [v for v in ray.util.placement_group_table().values()
                   if v["name"].startswith(ray_launcher.GROUP_PREFIX) and v["state"] != "REMOVED"]
-        free = ray.available_resources().get(GPU, 0) == ray.cluster_resources().get(GPU, 0)
+        free = all(ray.available_resources().get(r, 0) == ray.cluster_resources().get(r, 0) for r in (GPU, "memory"))
         left = (_ranks_alive(under), _agents_alive(), groups, free)
         if left[:3] == ([], [], []) and free:
             return
@@ -162,8 +166,10 @@ def test_a_job_too_big_waits_holding_nothing_while_a_small_one_runs(ray_env, tmp
         waiting.append((control, ranks))
     said = [d for t, d in events if t == "progress" and d["phase"] == "launch"]
     assert [d["queue_position"] for d in said] == [1, 2] and all(d["total"] in (3, 4) for d in said)
-    assert said[0]["message"].startswith(f"waiting for 3 nodes with 1 {GPU} and 1.0 CPUs each, all at once")
+    assert said[0]["message"].startswith(f"waiting for 3 nodes with 1 {GPU}, 1.0 CPUs and 1 GiB of memory "
+                                         "each, all at once")
     assert ray.available_resources().get(GPU) == 2  # a pending group holds nothing
+    assert ray.available_resources().get("memory") == ray.cluster_resources().get("memory")
 
     sink, result = _train(spec(1, steps=1), tmp_path / "small")  # one node: placed and run meanwhile
     assert (result.steps_completed, result.stopped) == (1, False)
@@ -175,6 +181,25 @@ def test_a_job_too_big_waits_holding_nothing_while_a_small_one_runs(ray_env, tmp
         assert not list(control.path.glob("node-*.seen"))
     assert "stopped while waiting for placement" in waiting[0][0].text("ray.log")
 
+
+def test_a_node_without_the_memory_a_rank_reserves_is_not_used(ray_env, tmp_path, monkeypatch):
+    """The bundle's memory counts in placement: 3 GiB per rank fits no node of 2 GiB, so even a
+    1-node job waits (holding nothing) instead of landing on a node short of RAM."""
+    monkeypatch.setenv("BRORL_RAY_MEMORY_PER_RANK_GB", "3")
+    monkeypatch.setattr(ray_launcher, "FIRST_WAIT_EVENT_S", 0.0)
+    events: list[tuple[str, dict]] = []
+    control = ControlFolder.fresh(tmp_path / "big-memory")
+    ranks = ray_launcher.RayLauncher().start(control, spec(1), lambda t, d: events.append((t, d)))
+    assert ranks.bundle["memory"] == 3 * 2**30
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert ranks.poll() is None
+        time.sleep(0.5)
+    said = [d for t, d in events if t == "progress" and d["phase"] == "launch"]
+    assert said and "3 GiB of memory each" in said[0]["message"]
+    assert ray.available_resources().get("memory") == ray.cluster_resources().get("memory")
+    control.request_stop()
+    assert ranks.poll() == 0 and not list(control.path.glob("node-*.seen"))
 
 def test_cancel_mid_step_stops_every_rank_at_a_step_boundary(ray_env, tmp_path):
     sink, result = _train(spec(2), tmp_path, should_stop=lambda s: _last_step(s) >= 1)
@@ -230,5 +255,5 @@ def test_a_lost_node_is_a_machine_fault_and_the_retry_resumes_on_fewer_nodes(ray
         warned = [data["message"] for kind, data in again.events if kind == "warning"]
         assert warned and warned[0].startswith("running on 1 nodes instead of 2"), again.events
     finally:
-        nodes[1] = cluster.add_node(num_cpus=1, resources={GPU: 1})  # the next test's cluster is whole
+        nodes[1] = cluster.add_node(**NODE)  # the next test's cluster is whole
         cluster.wait_for_nodes()

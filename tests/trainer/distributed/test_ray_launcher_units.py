@@ -1,5 +1,5 @@
-"""The Ray launcher's judgments that need no cluster: which rank a death is blamed on, and the
-check that every node sees the job's control folder."""
+"""The Ray launcher's judgments that need no cluster: what one node's bundle reserves, which rank
+a death is blamed on, and the check that every node sees the job's control folder."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,8 @@ from tests.support.services import require_module
 require_module("ray")  # skipped here without ray, a failure in CI
 
 from trainer.distributed.protocol import ControlFolder  # noqa: E402
-from trainer.distributed.ray_launcher import EXITS, RayLauncher, storage_problem  # noqa: E402
+from trainer.distributed.ray_launcher import EXITS, RayLauncher, bundle, storage_problem  # noqa: E402
+from trainer.settings import TrainerSettings  # noqa: E402
 
 
 def _exits(tmp_path, exits: dict, lost_nodes=(), lost_ranks=()) -> ControlFolder:
@@ -39,3 +40,17 @@ def test_a_node_that_does_not_see_the_control_folder_is_named(tmp_path):
     (control.path / "job.json").write_text("{}")
     assert storage_problem(control.path, 1, "10.0.0.7") is None
     assert control.text("node-1.seen") == "10.0.0.7"  # the mark the worker looks for
+
+
+def test_a_bundle_reserves_each_node_s_gpus_cpus_and_memory(monkeypatch):
+    monkeypatch.delenv("BRORL_RAY_MEMORY_PER_RANK_GB", raising=False)
+    monkeypatch.delenv("BRORL_RAY_CPUS_PER_RANK", raising=False)
+    monkeypatch.setenv("BRORL_RAY_GPU_RESOURCE", "GPU")
+    assert bundle(TrainerSettings(), 8) == {"CPU": 8.0, "GPU": 8, "memory": 8 * 8 * 2**30}  # defaults
+    monkeypatch.setenv("BRORL_RAY_MEMORY_PER_RANK_GB", "1.5")
+    monkeypatch.setenv("BRORL_RAY_CPUS_PER_RANK", "2")
+    monkeypatch.setenv("BRORL_RAY_GPU_RESOURCE", "brorl_gpu")
+    shape = bundle(TrainerSettings(), 2)
+    assert shape == {"CPU": 4.0, "brorl_gpu": 2, "memory": 3 * 2**30} and isinstance(shape["memory"], int)
+    monkeypatch.setenv("BRORL_RAY_MEMORY_PER_RANK_GB", "0")  # 0: no memory reserved at all
+    assert bundle(TrainerSettings(), 2) == {"CPU": 4.0, "brorl_gpu": 2}
