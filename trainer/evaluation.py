@@ -80,6 +80,17 @@ def compare(rows: list[dict], spec: EvaluationSpec) -> None:
         row["changes"] = prompt_changes(base["correct"], row["correct"])
 
 
+def task_label(job: JobSpec) -> dict[str, str]:
+    """Where the prompts came from, in the result: {"dataset": id}, {"reasoning_gym": name} or
+    {"env": type}."""
+    task = job.task
+    if task.dataset is not None:
+        return {"dataset": task.dataset.id}
+    if task.reasoning_gym is not None:
+        return {"reasoning_gym": task.reasoning_gym.name}
+    return {"env": task.env.type if task.env is not None else "none"}
+
+
 def evaluate_models(spec: EvaluationSpec, job: JobSpec, models: list[Model], should_stop: Callable[[], bool],
                     *, dataset_path: Path | None = None, on_progress: Progress | None = None,
                     name: str | None = None) -> dict:
@@ -112,7 +123,7 @@ def evaluate_models(spec: EvaluationSpec, job: JobSpec, models: list[Model], sho
     compare(rows, spec)
     best = best_of(rows)
     return {
-        "job": spec.job, "n": spec.n, "k": spec.ks(), "prompts": len(prompts_text), "interval": INTERVAL,
+        "job": spec.job, "task": task_label(job), "n": spec.n, "k": spec.ks(), "prompts": len(prompts_text), "interval": INTERVAL,
         "temperature": spec.temperature, "top_p": spec.top_p, "max_new_tokens": spec.max_new_tokens,
         "models": rows, "prompt_texts": prompts_text,
         "best": None if best is None else {"step": best["step"], "label": best["label"],

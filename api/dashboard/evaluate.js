@@ -1,8 +1,9 @@
 // The job page's evaluations: the table of this job's evaluations (the best checkpoint of each,
 // its pass@1 and its delta against the base, prompts gained / lost), each linked to its page,
-// and an "Evaluate" button: the newest and the best checkpoint (by the training's eval/pass@1;
-// the newest alone when the training recorded none at a stored checkpoint) against the base
-// (docs/evaluation.md).
+// and an "Evaluate" button for the checkpoints ticked ("latest", "best", or stored steps, one
+// box each; by default the newest and the best, or the newest alone when the training recorded
+// no eval/pass@1 at a stored checkpoint) against the base, on the job's held-out prompts or
+// an uploaded dataset's (docs/evaluation.md).
 "use strict";
 (() => {
   const { api, getJSON, el, statusPill } = Brorl;
@@ -34,17 +35,40 @@
     $("evaluations-empty").hidden = page.data.length > 0;
   }
 
+  // One box per stored checkpoint step, kept ticked across refreshes.
+  async function refreshSteps() {
+    let page;
+    try { page = await getJSON(`/v1/jobs/${jobId}/checkpoints`); } catch (_) { return; }  // next poll
+    const box = $("evaluate-steps");
+    const ticked = new Set([...box.querySelectorAll("input:checked")].map((i) => i.value));
+    const steps = page.data.map((c) => c.step).sort((a, b) => a - b);
+    box.replaceChildren(...steps.map((s) => el("label", {},
+      el("input", { type: "checkbox", value: String(s), checked: ticked.has(String(s)),
+                    "aria-label": `step ${s}` }), ` step ${s} `)));
+  }
+
+  function chosen() {
+    return [...$("evaluate-checkpoints").querySelectorAll("input:checked")]
+      .map((i) => (/^\d+$/.test(i.value) ? Number(i.value) : i.value));
+  }
+
   async function evaluate() {
     const msg = $("evaluate-msg");
     msg.textContent = "";
-    const post = (checkpoints) => api(`/v1/jobs/${jobId}/evaluations`, { method: "POST", json: { checkpoints } });
+    const checkpoints = chosen();
+    if (!checkpoints.length) { msg.textContent = "tick at least one checkpoint"; return; }
+    const dataset = $("evaluate-dataset").value.trim();
+    const body = (cs) => (dataset ? { checkpoints: cs, task: { dataset: { id: dataset } } } : { checkpoints: cs });
+    const post = (cs) => api(`/v1/jobs/${jobId}/evaluations`, { method: "POST", json: body(cs) });
     try {
       let resp;
       try {
-        resp = await post(["latest", "best"]);
+        resp = await post(checkpoints);
       } catch (e) {
-        if (e.status !== 422 || !/eval\/pass@1/.test(e.message)) throw e;
-        resp = await post(["latest"]);  // no training evaluation at a stored checkpoint: the newest alone
+        const rest = checkpoints.filter((c) => c !== "best");
+        // No training evaluation at a stored checkpoint: the other choices alone.
+        if (e.status !== 422 || !/eval\/pass@1/.test(e.message) || !rest.length || rest.length === checkpoints.length) throw e;
+        resp = await post(rest);
       }
       location.assign(`/evaluations/${(await resp.json()).id}`);
     } catch (e) { msg.textContent = e.message; }
@@ -55,5 +79,7 @@
     // After the page's own first burst of requests (the per-key rate limit counts them all).
     setTimeout(refresh, 2500);
     setInterval(refresh, 10000);
+    setTimeout(refreshSteps, 3000);
+    setInterval(refreshSteps, 15000);
   });
 })();

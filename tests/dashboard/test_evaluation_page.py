@@ -1,7 +1,6 @@
 """Evaluate from the job page in a real browser (Chromium + Playwright) against `brorl up` with
-the test trainer: the button queues an evaluation of the newest checkpoint against the base
-(the "best" one needs the training's eval/pass@1, which the test trainer does not record, so the
-page falls back to the newest alone), the real worker samples both models (untrained
+the test trainer: the user ticks a checkpoint by its step (in place of the default "latest" and
+"best"), the button queues an evaluation of it against the base, the real worker samples both models (untrained
 builtin:tiny weights: the page's numbers, not a good model, are under test), and the
 evaluation's page shows the table, the chart and the per-prompt counts; the job page lists it."""
 from __future__ import annotations
@@ -51,6 +50,11 @@ def test_evaluate_from_the_job_page(stack, models, page):
 
     page.goto(f"{stack.url}/jobs/{job}")
     expect(page.locator("#evaluations-empty")).to_be_visible()
+    step_box = page.locator("#evaluate-steps input[value='3']")
+    expect(step_box).to_be_visible(timeout=30_000)  # one box per stored checkpoint
+    page.uncheck("#evaluate-checkpoints input[value='latest']")
+    page.uncheck("#evaluate-checkpoints input[value='best']")
+    step_box.check()
     page.click("#evaluate")
     page.wait_for_url(re.compile(r".*/evaluations/evl_.*"))
     evaluation = page.url.rsplit("/", 1)[-1]
@@ -68,7 +72,10 @@ def test_evaluate_from_the_job_page(stack, models, page):
     expect(page.locator("#eval-what")).to_contain_text("steps 3 and the base")
     shot(page, "evaluation.png", full_page=True)
     with client(stack) as c:
-        result = c.get_evaluation(evaluation)["result"]
+        posted = c.get_evaluation(evaluation)
+        result = posted["result"]
+    # What the page posted: step 3 by its number, not "latest" that also names it.
+    assert [p["asked"] for p in posted["spec"]["picked"]] == [["3"]], posted["spec"]["picked"]
     base, ckpt = result["models"]
     expect(rows.nth(0).locator("td").first).to_have_text(
         f"{base['pass_at_k']['1']['mean']:.3f} [{base['pass_at_k']['1']['lo']:.3f}, {base['pass_at_k']['1']['hi']:.3f}]")

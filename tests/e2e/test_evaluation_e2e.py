@@ -9,6 +9,7 @@ zero), and step 3 no better than an untrained model, losing every prompt the bas
 """
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -131,3 +132,31 @@ def test_the_cli_evaluates_and_waits(stack, job):
     assert "vs base" not in text  # no base, no deltas
     refused = st.brorl("evaluate", job, "-c", "2", "-c", "7", key=st.key)
     assert refused.returncode == 1 and "no checkpoint at step 7" in " ".join(refused.stderr.split())
+
+
+def test_the_cli_evaluates_on_an_uploaded_dataset(stack, job, tmp_path):
+    """`brorl evaluate --dataset`: the held-out rows of an uploaded set in place of the job's
+    eval split; the result names the dataset and has its pass@k rows."""
+    st, _ = stack
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(f'{{"prompt": "{a}+{b}=?", "answer": "{a + b}"}}\n'
+                            for a in range(1, 9) for b in range(1, 6)))  # 40 rows: 2 held out
+    with _client(st) as client, open(data, "rb") as fh:
+        uploaded = client.post("/v1/datasets", files={"file": ("sums.jsonl", fh, "application/jsonl")})
+        assert uploaded.status_code == 201, uploaded.text
+        dataset = uploaded.json()["id"]
+    out = st.brorl("evaluate", job, "--checkpoints", "1", "--no-base", "--dataset", dataset, "--n", "2",
+                   "--k", "2", "--poll", "0.5", "--json", key=st.key, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout[out.stdout.index("{"):])
+    assert result["task"] == {"dataset": dataset}
+    assert result["prompts"] == len(result["prompt_texts"]) >= 1
+    assert all(text.endswith("=?") for text in result["prompt_texts"]), result["prompt_texts"]  # its rows
+    (model,) = result["models"]
+    assert model["label"] == "step 1" and result["k"] == [1, 2]
+    for k in ("1", "2"):
+        row = model["pass_at_k"][k]
+        assert 0 <= row["lo"] <= row["mean"] <= row["hi"] <= 1, row
+    with _client(st) as client:
+        (latest, *_) = client.get(f"/v1/jobs/{job}/evaluations").json()["data"]
+    assert latest["spec"]["task"]["dataset"]["id"] == dataset
