@@ -103,3 +103,29 @@ def test_lora_resume_equals_uninterrupted(full_run, tmp_path):
                 assert a is b, (s, k)
             else:
                 assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), (s, k, a, b)
+
+
+def test_an_evaluation_of_a_lora_checkpoint_samples_its_merged_weights(full_run):
+    """What the evaluation job runs (trainer.evaluation.evaluate_models) on a LoRA job's
+    checkpoint: the folder holds PEFT's files and no full weights, and is loaded as its merged/
+    model, so it draws the very samples that folder does (common random numbers), compared
+    with the base (the job's own model) like any checkpoint."""
+    from trainer.evaluation import Model, evaluate_models
+    from trainer.evaluation_spec import EvaluationSpec, Picked, filled, sampling_job_spec
+
+    out, _, _ = full_run
+    ckpt = latest(out)
+    step = int(ckpt.name.rsplit("-", 1)[-1])
+    job = spec()
+    ev = filled(EvaluationSpec(checkpoints=[step], prompts=4, n=4, k=[4], engine="hf"), job, "job_lora",
+                [Picked(step=step, asked=["latest"])])
+    models = [Model("base", None, None), Model(f"step {step}", step, ckpt),
+              Model("its merged/ folder", step, ckpt / "merged")]
+    result = evaluate_models(ev, sampling_job_spec(ev, job), models, lambda: False)
+    base, lora, merged = result["models"]
+    assert [m["samples"] for m in result["models"]] == [16, 16, 16]
+    assert lora["correct"] == merged["correct"] and lora["tokens"] == merged["tokens"]
+    assert base["delta"] is None and set(lora["delta"]) == {"1", "4"}
+    for k in ("1", "4"):
+        row = lora["pass_at_k"][k]
+        assert 0 <= row["lo"] <= row["mean"] <= row["hi"] <= 1
