@@ -9,9 +9,11 @@ under BRORL_MODEL_ROOTS) with the hf engine:
 - an OpenEnv server this test starts (openenv-core's own classes, tests/support/openenv_server),
   listed by name in BRORL_OPENENV_SERVERS, prompts from reset, reward the server's;
 - built-in tools: the tenant's Python `add` and the code interpreter, run in the sandbox, the
-  built-in verifier rewarding the final answer.
+  built-in verifier rewarding the final answer; its model is the shared one taught to call
+  `add` first (`tool_calling_model`, 20 s), so its episodes hold real tool calls and results.
 Each succeeds with the episode metrics (env/*, time/env_s) in every trained step, and its stored
-samples read turn by turn (GET /v1/jobs/{id}/samples: messages with roles). Afterwards nothing
+samples read turn by turn (GET /v1/jobs/{id}/samples: messages with roles), on the job page in
+Chromium too. Afterwards nothing
 is left: no sandbox process with the job's tag, every OpenEnv session free again. An unlisted
 name is refused at submission by the same stack (tests/api/test_env_submission.py has the rest).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from cli.client import BrorlAPIError, BrorlClient
+from tests.dashboard import conftest as dashboard
 from tests.support.openenv_server import guess_server
 from tests.support.services import grader_sandbox_missing, needs_service
 from tests.support.tinyprebuild import SHARED_SEED, shared_model_dir, shared_task
@@ -35,6 +39,7 @@ from tests.support.upstack import Stack, running_stack
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900),
               needs_service("a grader sandbox", grader_sandbox_missing())]
 
+browser = dashboard.browser   # the dashboard tests' Chromium, one per module (skips without it)
 REPO = Path(__file__).resolve().parents[2]
 VF_ENVS = REPO / "tests" / "support" / "vf_envs"
 MAX_SESSIONS = 16   # the test server's capacity: twice what a step of the openenv job opens
@@ -67,19 +72,65 @@ ENVS = {
     # (run in the sandbox for every episode, so the job's sandboxes run whether or not the
     # model calls a tool).
     "tools": {"type": "tools", "tools": ADD, "code_interpreter": True, "tool_timeout_s": 5,
-              "max_turns": 3, "max_total_tokens": 96, "reward": "sum"},
+              "max_turns": 3, "max_total_tokens": 192, "reward": "sum"},
 }
 
 
-def spec(kind: str, model_dir: Path) -> dict:
+# The tools job's model: the shared one taught to open every episode with this call and to
+# answer from the tool's result (the shared model alone never calls a tool), so the job's
+# episodes carry real tool calls and tool results through the sandbox.
+CALL = '<tool_call>{"name":"add","arguments":{"a":1,"b":2}}</tool_call>'
+
+
+def tool_calling_model(model_dir: Path, out: Path) -> Path:
+    """`model_dir`'s model fitted on two-turn transcripts (trainer.models.tiny_tools) of the
+    shared task's questions as the tools job opens them: the call, the tool's "3", then
+    <answer>3</answer>. About 60 steps, 20 s on one core; saved to `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.models.tiny import build_tokenizer, encode, save_folder
+    from trainer.models.tiny_tools import transcript_ids, warm_start_transcripts
+    from trainer.rollouts.chat_tokens import plain_opening
+    from trainer.rollouts.environments.tool_schema import schemas
+    from trainer.spec import ReasoningGymTask
+    from trainer.tasks import reasoning_gym_task
+    from trainer.tasks.prompts import render_prompt
+
+    tools = schemas(ADD, code_interpreter=True)
+    task = reasoning_gym_task.build(ReasoningGymTask(**shared_task()["reasoning_gym"]), seed=SHARED_SEED)
+    openings = [[{"role": "user", "content": render_prompt(ex.question, None).rstrip("\n")}]
+                for ex in task.train[:64]]
+    rows = [transcript_ids(o, tools, [(CALL, [{"role": "tool", "content": "3"}]), ("<answer>3</answer>", None)])
+            for o in openings]
+    model, tok = AutoModelForCausalLM.from_pretrained(model_dir), build_tokenizer()
+
+    def calls(m, seed: int) -> float:   # sampled as the job samples (temperature 1)
+        torch.manual_seed(seed)
+        hits = 0
+        for o in openings[:8]:
+            prompt = torch.tensor([encode(plain_opening(o, tools))])
+            out_ids = m.generate(prompt, do_sample=True, temperature=1.0, max_new_tokens=len(CALL) + 2)
+            hits += tok.decode(out_ids[0, prompt.shape[1]:].tolist(), skip_special_tokens=True).startswith(CALL)
+        return hits / 8
+
+    report = warm_start_transcripts(model, rows, seed=0, score_fn=calls, target=(0.0, 1.0), aim=0.75,
+                                    max_steps=300, eval_every=10, batch_size=8, warmup_steps=5)
+    assert report["pass_rate"] >= 0.5, f"the tool-call warm start did not take: {report}"
+    return save_folder(model, tok, out)
+
+
+def spec(kind: str, model_dir: Path, tool_model: Path | None = None) -> dict:
     task = {"env": ENVS[kind]}
+    tokens = 24
     if kind == "tools":
         task.update(shared_task())
+        model_dir, tokens = tool_model or model_dir, len(CALL) + 8
     return {
         "spec_version": 1, "name": f"agents-{kind}", "seed": SHARED_SEED,
         "model": {"path": str(model_dir)},
         "task": task,
-        "rollout": {"engine": "hf", "max_new_tokens": 24,
+        "rollout": {"engine": "hf", "max_new_tokens": tokens,
                     "schedule": [{"n": N, "prompts_per_step": PROMPTS, "steps": STEPS}]},
         "algo": {"mini_batches": 1, "dynamic_sampling": False},
         "eval": {"every": 0, "samples_per_prompt": 2, "k": [1]},
@@ -90,26 +141,27 @@ def spec(kind: str, model_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[tuple[Stack, Path, str]]:
+def stack(tmp_path_factory) -> Iterator[tuple[Stack, Path, str, Path]]:
     model_dir = shared_model_dir()
     assert (model_dir / "config.json").exists()
+    tool_model = tool_calling_model(model_dir, tmp_path_factory.mktemp("models") / "tiny-tools")
     with guess_server(max_sessions=MAX_SESSIONS) as server_url:
         path = os.pathsep.join(p for p in (str(VF_ENVS), os.environ.get("PYTHONPATH", "")) if p)
         with running_stack(tmp_path_factory.mktemp("agents"), {
                 "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1",
-                "BRORL_MODEL_ROOTS": str(model_dir.parent),
+                "BRORL_MODEL_ROOTS": os.pathsep.join((str(model_dir.parent), str(tool_model.parent))),
                 "PYTHONPATH": path,
                 "BRORL_ENVIRONMENTS": "vf-calc,vf-guess",
                 "BRORL_OPENENV_SERVERS": json.dumps({"guess": server_url})}) as stack:
-            yield stack, model_dir, server_url
+            yield stack, model_dir, server_url, tool_model
 
 
 @pytest.fixture(scope="module")
 def finished(stack) -> dict[str, dict]:
-    stack, model_dir, _ = stack
+    stack, model_dir, _, tool_model = stack
     started = time.monotonic()
     with BrorlClient(stack.url, stack.key, timeout=30) as client:
-        ids = {kind: client.submit(spec(kind, model_dir))["id"] for kind in ENVS}
+        ids = {kind: client.submit(spec(kind, model_dir, tool_model))["id"] for kind in ENVS}
         jobs, tagged = {}, set()
         for kind, job_id in ids.items():
             deadline = time.monotonic() + 600
@@ -158,7 +210,9 @@ def _check_transcripts(samples: list[dict]) -> None:
         assert s["turns"] == roles.count("assistant"), (s["turns"], roles)
         assert 1 <= s["turns"] <= 3
         assert s["tool_calls"] >= 0 and 0 <= s["tool_errors"] <= s["tool_calls"]
-        assert s["tool_calls"] == sum(len(m.get("tool_calls") or []) for m in messages), s
+        # Every call counts: those read (stored with the turn) and malformed ones (each an error).
+        read = sum(len(m.get("tool_calls") or []) for m in messages)
+        assert read <= s["tool_calls"] <= read + s["tool_errors"], s
         assert isinstance(s["reward"], float)
 
 
@@ -212,6 +266,10 @@ def test_the_tools_reward_runs_in_the_jobs_sandbox_and_nothing_is_left(finished,
     job = finished["tools"]
     _succeeded(job, stack)
     assert job["sandboxes_seen"], "no sandbox process tagged with the job was ever seen"
+    # The model calls add(1, 2) (tool_calling_model): the tenant's function answered in the sandbox.
+    # Sampled at temperature 1, some calls come out garbled: answered with an error, never a crash.
+    results = [m["content"] for s in job["sample_rows"] for m in s["messages"] if m["role"] == "tool"]
+    assert "3" in results and all(r == "3" or r.startswith("error:") for r in results), results
     for s in job["sample_rows"]:
         if s["truncated"]:
             continue
@@ -229,7 +287,7 @@ def test_no_openenv_session_is_left_on_the_server(finished, stack):
     from trainer.rollouts.environments import openenv_env as oe
     from trainer.tasks.base import Example
 
-    _, _, server_url = stack
+    _, _, server_url, _ = stack
     env = oe.build({"type": "openenv", "name": "guess", "args": {}},
                    settings={"openenv_servers": json.dumps({"guess": {"url": server_url, "retries": 1}})},
                    tag="agents-e2e-check")
@@ -256,8 +314,72 @@ def test_no_openenv_session_is_left_on_the_server(finished, stack):
         env.close()
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def test_the_jobs_page_reads_real_episodes_turn_by_turn(finished, stack, browser):
+    """The built-in tools job's page in Chromium: the episode charts are drawn from its rows,
+    and each stored episode of the last step reads turn by turn as stored (the opening, the
+    model's turns with their tool calls, the tool results, the counts); the guessing game's
+    page shows the environment's answers between the model's turns.
+    (tests/dashboard/test_agent_page.py covers the rendering in detail against a trainer double.)"""
+    from playwright.sync_api import expect
+
+    up = stack[0]
+    login = re.search(r"Dashboard \(logs this browser tab in\): (\S+)", up.output())
+    assert login, up.output()[-2000:]
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.set_default_timeout(30_000)
+    try:
+        page.goto(login.group(1))
+        for kind in ("tools", "verifiers-multiturn"):
+            job = finished[kind]
+            _succeeded(job, stack)
+            page.goto(f"{up.url}/jobs/{job['id']}")
+            expect(page.locator("#job-status")).to_have_text("succeeded")
+            for chart in ("#chart-env", "#chart-envtime"):
+                expect(page.locator(chart)).to_have_attribute("data-drawn", "true")
+                assert int(page.locator(chart).get_attribute("data-points")) >= STEPS
+            expect(page.locator("#chart-env")).to_contain_text("tool calls")
+            expect(page.locator("#samples-step")).to_have_value(str(STEPS))
+            expect(page.locator("#samples thead th").last).to_have_text("transcript (turn by turn)")
+            stored = [s for s in job["sample_rows"] if s["step"] == STEPS]
+            assert stored
+            expect(page.locator("#samples tbody tr")).to_have_count(len(stored))
+            for s in stored:
+                row = page.locator(f"#samples tbody tr[data-idx='{s['idx']}']")
+                turns = row.locator(".turn[data-role]")
+                expect(turns).to_have_count(len(s["messages"]))
+                assert [turns.nth(i).get_attribute("data-role") for i in range(len(s["messages"]))] == [
+                    m["role"] for m in s["messages"]]
+                expect(row.locator(".turn-counts")).to_have_text(
+                    f"{_plural(s['turns'], 'turn')} · {_plural(s['tool_calls'], 'tool call')} · "
+                    f"{_plural(s['tool_errors'], 'tool error')}")
+                calls = [c for m in s["messages"] for c in (m.get("tool_calls") or [])]
+                expect(row.locator(".tool-call")).to_have_count(len(calls))
+                if calls:   # each call with its tool's name, in order
+                    expect(row.locator(".tool-call .tool-name")).to_have_text(
+                        [f"→ {c['function']['name']}" for c in calls])
+                results = [m["content"] for m in s["messages"] if m["role"] == "tool"]
+                expect(row.locator(".turn-tool")).to_have_count(len(results))
+                for i, text in enumerate(results):   # each result as text; failed ones marked
+                    expect(row.locator(".turn-tool").nth(i)).to_contain_text(text[:60])
+                    assert ("turn-error" in row.locator(".turn-tool").nth(i).get_attribute("class")) == \
+                        text.startswith("error:")
+            if kind == "tools":   # the model's add(1, 2), and the sandbox's answer after it
+                expect(page.locator("#samples .tool-args").filter(has_text='{ "a": 1, "b": 2 }').first).to_be_visible()
+                expect(page.locator("#samples .turn-tool:not(.turn-error) pre").filter(has_text="3").first).to_be_visible()
+    finally:
+        context.close()
+    assert not errors, errors
+
+
 def test_an_unlisted_environment_is_refused_by_the_stack(stack):
-    stack, model_dir, _ = stack
+    stack, model_dir, _, _ = stack
     body = spec("openenv", model_dir)
     body["task"]["env"] = {**ENVS["openenv"], "name": "http://169.254.169.254/latest"}
     with BrorlClient(stack.url, stack.key, timeout=30) as client:
