@@ -8,7 +8,10 @@ one. Here one stack runs, side by side:
   multi grader's python part reads `item["reference_answer"]`, each to `succeeded` with its
   grader's rewards in the metrics and the stored samples;
 - every example spec under examples/ (each submitted as written, with the placeholder dataset
-  id replaced by an upload of the data file it names), shortened to one step per stage.
+  id replaced by an upload of the data file it names), shortened to one step per stage; the
+  agent examples against the environments they name, listed as an operator lists them
+  (BRORL_ENVIRONMENTS with the package importable, BRORL_OPENENV_SERVERS with a server this
+  test starts).
 
 The model is the suite's shared warm-started builtin:tiny (tests/support/tinyprebuild.py),
 passed as a folder under BRORL_MODEL_ROOTS: a dataset job on builtin:tiny would warm-start a
@@ -17,9 +20,11 @@ shared task's own questions, rendered as the warm start saw them, so the model a
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +36,7 @@ from cli.client import BrorlAPIError, BrorlClient
 from trainer.spec import ReasoningGymTask
 from trainer.tasks import reasoning_gym_task
 from trainer.tasks.prompts import PLAIN_INSTRUCTION
+from tests.support.openenv_server import guess_server
 from tests.support.tinyprebuild import SHARED_SEED, shared_model_dir, shared_task
 from tests.support.upstack import Stack, running_stack
 from tests.support.services import grader_sandbox_missing, needs_service
@@ -43,11 +49,15 @@ PLACEHOLDER = "ds_REPLACE_WITH_UPLOADED_ID"
 # The data file each example with a placeholder dataset id names in its comment.
 EXAMPLE_DATA = {"graders/code_spec.yaml": "data/code_problems.jsonl",
                 "rft_messages.yaml": "data/rft_sums.jsonl"}
+# The agent examples name environments the operator lists; this stack lists them as an
+# operator would. verifiers.yaml's `vf-calc` is the package in tests/support/vf_envs (the
+# example's own comment says so), importable through PYTHONPATH. openenv.yaml's `wordle` is the
+# operator's name for a server: here the test's OpenEnv server (tests/support/openenv_server,
+# openenv-core's own classes) stands behind that name, as TextArena's Wordle server would.
+VF_ENVS = Path(__file__).resolve().parents[2] / "tests" / "support" / "vf_envs"
+OPENENV_NAME = "wordle"
 # Examples that cannot run here, with the reason (each other one runs with the hf engine).
-_LISTED = ("names an environment the operator lists ({}), which this stack does not; "
-           "tests/e2e/test_agents_e2e.py runs that way in")
-CPU_SKIPS: dict[str, str] = {"agents/verifiers.yaml": _LISTED.format("BRORL_ENVIRONMENTS"),
-                             "agents/openenv.yaml": _LISTED.format("BRORL_OPENENV_SERVERS")}
+CPU_SKIPS: dict[str, str] = {}
 
 RIGHT_PY = """
 import re
@@ -69,8 +79,9 @@ def _short(spec: dict, model_dir: Path) -> dict:
     """`spec` shortened to seconds on a CPU: one step per stage, a few samples, the shared
     model; the rest (task, reward, grader, algorithm) as written."""
     spec = copy.deepcopy(spec)
-    if spec.get("model", {}).get("path", "builtin:tiny") == "builtin:tiny":
-        spec.setdefault("model", {})["path"] = str(model_dir)
+    # The shared model stands in for builtin:tiny and for a Hub model alike (openenv.yaml's
+    # Qwen2.5-0.5B): the suite downloads no weights, and a CPU trains no 0.5B model in minutes.
+    spec.setdefault("model", {})["path"] = str(model_dir)
     rollout = spec.setdefault("rollout", {})
     stages = rollout.get("schedule") or [{}]
     rollout["schedule"] = [{"n": 4, "prompts_per_step": 2, "steps": 1} for _ in stages]
@@ -128,10 +139,19 @@ def _write_datasets(folder: Path) -> tuple[Path, Path]:
 def stack(tmp_path_factory) -> Iterator[tuple[Stack, Path]]:
     model_dir = shared_model_dir()
     assert (model_dir / "config.json").exists()
-    with running_stack(tmp_path_factory.mktemp("datasets"), {
-            "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1",
-            "BRORL_MODEL_ROOTS": str(model_dir.parent)}) as stack:
-        yield stack, model_dir
+    with contextlib.ExitStack() as servers:
+        try:
+            server_url = servers.enter_context(guess_server(max_sessions=16))
+        except pytest.skip.Exception as exc:   # no openenv-core here (CI fails instead)
+            CPU_SKIPS["agents/openenv.yaml"] = f"no OpenEnv server: {exc}"
+            server_url = None
+        path = os.pathsep.join(p for p in (str(VF_ENVS), os.environ.get("PYTHONPATH", "")) if p)
+        with running_stack(tmp_path_factory.mktemp("datasets"), {
+                "BRORL_TRAINER_ENTRYPOINT": None, "OMP_NUM_THREADS": "1",
+                "BRORL_MODEL_ROOTS": str(model_dir.parent),
+                "PYTHONPATH": path, "BRORL_ENVIRONMENTS": "vf-calc",
+                "BRORL_OPENENV_SERVERS": json.dumps({OPENENV_NAME: server_url}) if server_url else None}) as stack:
+            yield stack, model_dir
 
 
 @pytest.fixture(scope="module")
