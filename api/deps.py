@@ -103,10 +103,11 @@ async def get_current_tenant(
 TenantDep = Annotated[Tenant, Depends(get_current_tenant)]
 
 class Enqueue(Protocol):
-    """`enqueue(job_id, gpus=G)` sends the job to the queue of G-GPU workers (the same shape
-    as `worker.celery_app.Enqueue`, repeated here so that importing the API imports no Celery)."""
+    """`enqueue(job_id, gpus=G, nodes=M)` sends the job to the queue of G-GPU workers (of Ray
+    driver workers when M > 1; the same shape as `worker.celery_app.Enqueue`, repeated here so
+    that importing the API imports no Celery)."""
 
-    def __call__(self, job_id: str, gpus: int = 1) -> None: ...
+    def __call__(self, job_id: str, gpus: int = 1, nodes: int = 1) -> None: ...
 
 
 def celery_enqueue(settings: Settings) -> Enqueue:
@@ -119,13 +120,13 @@ def celery_enqueue(settings: Settings) -> Enqueue:
     """
     cache: dict[str, object] = {}
 
-    def enqueue(job_id: str, gpus: int = 1) -> None:
+    def enqueue(job_id: str, gpus: int = 1, nodes: int = 1) -> None:
         from worker import celery_app
 
         celery = cache.get("app")
         if celery is None:
             celery = cache["app"] = celery_app.make_app(settings)
-        celery_app.send_job(celery, job_id, gpus)  # type: ignore[arg-type]
+        celery_app.send_job(celery, job_id, gpus, nodes)  # type: ignore[arg-type]
 
     return enqueue
 

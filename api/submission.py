@@ -172,7 +172,8 @@ def check_reward(task: TaskSpec, stored: Dataset | None, settings: Settings) -> 
 # ------------------------------------------------------------------ insert, commit, enqueue (6-8)
 
 def _insert_then_enqueue(session: Session, insert: Callable[[], tuple[Job, bool]],
-                         over_quota: ApiError | None, enqueue: Enqueue, gpus: int) -> tuple[Job, bool]:
+                         over_quota: ApiError | None, enqueue: Enqueue, gpus: int,
+                         nodes: int = 1) -> tuple[Job, bool]:
     row, created = insert()
     if created and over_quota is not None:  # a replay of an existing row still answers
         session.rollback()
@@ -180,7 +181,7 @@ def _insert_then_enqueue(session: Session, insert: Callable[[], tuple[Job, bool]
     session.commit()
     if created:
         try:
-            enqueue(row.id, gpus=gpus)
+            enqueue(row.id, gpus=gpus, nodes=nodes)
         except Exception:  # committed: it stays queued, and the requeue of stale jobs sends it
             what = "probe" if row.kind == JobKind.probe else "job"
             log.exception("%s %s created but could not be enqueued; it stays queued", what, row.id)
@@ -215,7 +216,7 @@ def submit_job(spec: JobSpec, session: Session, settings: Settings, tenant_id: i
     return _insert_then_enqueue(session, lambda: jobs.create_job(
         session, tenant_id, spec.model_dump(mode="json"), total_steps=spec.total_steps,
         name=spec.name, idempotency_key=idempotency_key, client_meta=client_meta,
-        parent_job_id=parent_id), over_quota, enqueue, spec.resources.gpus_per_node)
+        parent_job_id=parent_id), over_quota, enqueue, spec.resources.gpus_per_node, spec.resources.nodes)
 
 
 def submit_probe(spec: ProbeSpec, session: Session, settings: Settings, tenant_id: int,
@@ -250,7 +251,8 @@ def resume_job(session: Session, settings: Settings, tenant_id: int, job_id: str
     session.commit()
     if job.status == JobStatus.queued:
         try:
-            enqueue(job.id, gpus=jobs.job_gpus(session, [job.id]).get(job.id, 1))
+            enqueue(job.id, gpus=jobs.job_gpus(session, [job.id]).get(job.id, 1),
+                    nodes=jobs.job_nodes(session, [job.id]).get(job.id, 1))
         except Exception:  # it stays queued; requeue recovers it
             log.exception("job %s resumed but could not be enqueued; it stays queued", job.id)
     return job

@@ -3,7 +3,10 @@
 `brorl up` is the embedded default: SQLite for the database and the Celery broker (files in
 the data dir), the API (uvicorn) and one worker as child processes, no server to install. That
 one worker serves the queue of every GPU count in BRORL_GPU_COUNTS: on one machine it runs a
-G-GPU job itself (the trainer starts its G ranks), one job at a time.
+G-GPU job itself (the trainer starts its G ranks), one job at a time. Where the deployment
+serves multi-node jobs (BRORL_RAY_ADDRESS set) more workers serve their queue, `ray`: each
+drives one job (lease, relay, cancel) while Ray runs its ranks on the cluster's nodes, so a
+multi-node job waiting for its nodes never holds up the one-node jobs behind it.
 Each child runs in its own session (process group) so that Ctrl-C reaches only `brorl up`,
 which then stops both children itself: SIGTERM, a bounded wait, SIGKILL to the group (which
 also takes the worker's embedded beat process).
@@ -95,6 +98,43 @@ def up_worker_command(settings) -> list[str]:
 
     queues = ",".join(queue_for(g) for g in settings.gpu_counts)
     return [sys.executable, "-m", "cli.main", "worker", "--beat", "--queues", queues]
+
+
+# Multi-node jobs `brorl up` drives at once, one per worker process: one can wait for Ray to
+# place its nodes while another runs. More wait in the `ray` queue, holding nothing.
+RAY_DRIVERS = 2
+
+
+def up_ray_driver_commands(settings) -> list[list[str]]:
+    """`brorl up`'s workers for multi-node jobs (queue `ray`), where the deployment names a Ray
+    cluster (BRORL_RAY_ADDRESS; the API refuses `resources.nodes > 1` otherwise); none where it
+    does not. RAY_DRIVERS processes of the solo pool rather than one prefork worker: a prefork
+    child is a daemonic process, and a job's task build starts a child of its own
+    (trainer.tasks.isolated), which a daemonic process may not."""
+    if not settings.ray_address:
+        return []
+    from worker.celery_app import RAY_QUEUE
+
+    return [[sys.executable, "-m", "cli.main", "worker", "--queues", RAY_QUEUE, "--pool", "solo"]
+            for _ in range(RAY_DRIVERS)]
+
+
+def declare_queues(settings, commands: list[list[str]]) -> list[str]:
+    """Create in the broker every queue that `commands` (`brorl worker` command lines) serve,
+    before they start; returns the names. Kombu's SQLAlchemy transport (the SQLite broker)
+    creates a queue's row on first use and guards that within one process only: two workers
+    starting on one queue at once (the Ray drivers) both insert it, and the loser dies of the
+    UNIQUE constraint."""
+    from worker.celery_app import MAINTENANCE_QUEUE, make_app
+
+    names = [MAINTENANCE_QUEUE] if any("--beat" in c for c in commands) else []
+    for command in commands:
+        names += command[command.index("--queues") + 1].split(",")
+    names = list(dict.fromkeys(n for n in names if n))
+    with make_app(settings).connection_for_write() as conn:
+        for name in names:
+            conn.default_channel.queue_declare(queue=name)
+    return names
 
 
 def worker_argv(queues: str, beat: bool, pool: str, concurrency: int, loglevel: str) -> list[str]:
@@ -226,8 +266,12 @@ def _up(host: str, port: int, data_dir: Optional[Path], stop_timeout: float) -> 
     # `kill -USR1 <pid>` prints where every thread of `brorl up` is (for a stop that hangs).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     _local_inference_port(host)
+    workers = {"worker": up_worker_command(settings)}
+    for i, ray_driver in enumerate(up_ray_driver_commands(settings), 1):
+        workers[f"ray driver worker {i}"] = ray_driver
+    declare_queues(settings, list(workers.values()))
     procs = {"api": _spawn(api_argv)}
-    procs["worker"] = _spawn(up_worker_command(settings))
+    procs.update((name, _spawn(argv)) for name, argv in workers.items())
     procs["inference"] = _spawn(INFERENCE_SERVER)
     return supervise(procs, stop_timeout)
 
@@ -325,7 +369,8 @@ def _register_service(app: typer.Typer) -> None:
 
     @app.command()
     def worker(queues: Optional[str] = typer.Option(
-                   None, "--queues", "-Q", help="Comma list of queues (default: gpu)."),
+                   None, "--queues", "-Q", help="Comma list of queues (default: gpu; `ray`: "
+                   "multi-node jobs, driven without a GPU)."),
                gpus: Optional[int] = typer.Option(
                    None, "--gpus", min=1, help="Serve jobs asking for this many GPUs "
                    "(queue gpu for 1, gpu-G otherwise); added to --queues."),

@@ -40,13 +40,22 @@ def spec_gpus(spec: Any) -> int:
     return int(value) if value else 1
 
 
+def spec_nodes(spec: Any) -> int:
+    """`resources.nodes` of a stored spec (1 when absent: specs stored before jobs could span
+    nodes). A job of more than one node is sent to the Ray driver workers' queue."""
+    resources = spec.get("resources") if isinstance(spec, dict) else None
+    value = resources.get("nodes") if isinstance(resources, dict) else None
+    return int(value) if value else 1
+
+
 # Specs stored without limits (older rows) get the spec's own default.
 DEFAULT_MAX_ATTEMPTS = LimitsSpec.model_fields["max_attempts"].default
 
 
 def spec_max_attempts(spec: Any) -> int:
     """`limits.max_attempts` of a stored spec (the default when absent). The store reads a
-    stored spec only here and in `spec_gpus`: two numbers its state machine needs."""
+    stored spec only here and in `spec_gpus` / `spec_nodes`: what its state machine and the
+    queues need."""
     limits = spec.get("limits") if isinstance(spec, dict) else None
     value = limits.get("max_attempts") if isinstance(limits, dict) else None
     return int(value) if value else DEFAULT_MAX_ATTEMPTS
@@ -58,6 +67,15 @@ def job_gpus(s: Session, job_ids: list[str]) -> dict[str, int]:
         return {}
     rows = s.execute(select(Job.id, Job.spec).where(Job.id.in_(job_ids)))
     return {job_id: spec_gpus(spec) for job_id, spec in rows}
+
+
+def job_nodes(s: Session, job_ids: list[str]) -> dict[str, int]:
+    """job id -> the nodes its spec asks for (with `job_gpus`, what picks its queue)."""
+    if not job_ids:
+        return {}
+    rows = s.execute(select(Job.id, Job.spec).where(Job.id.in_(job_ids)))
+    return {job_id: spec_nodes(spec) for job_id, spec in rows}
+
 
 def continuations(s: Session, tenant_id: int, job_id: str) -> list[Job]:
     """The tenant's jobs started from a checkpoint of `job_id` (spec.continue_from), oldest first

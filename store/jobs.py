@@ -34,6 +34,7 @@ from store.job_queries import (  # re-exported: store.jobs is the one entry poin
     get_job,
     get_job_unscoped,
     job_gpus,
+    job_nodes,
     latest_checkpoint,
     list_checkpoints,
     list_events,
@@ -60,7 +61,7 @@ from store.tables import (
 
 __all__ = [
     "Claim", "add_event", "claim", "continuations", "count_jobs_by_status", "create_job", "finish",
-    "get_checkpoint", "get_job", "get_job_unscoped", "heartbeat", "job_gpus", "latest_checkpoint",
+    "get_checkpoint", "get_job", "get_job_unscoped", "heartbeat", "job_gpus", "job_nodes", "latest_checkpoint",
     "list_checkpoints", "list_events", "list_jobs", "list_metrics", "reap_expired",
     "record_checkpoint", "record_metrics", "record_progress", "record_result", "request_cancel",
     "retry_or_fail", "spec_hash",

@@ -3,6 +3,11 @@
 One queue per GPU count (`queue_for`): a job asking for G GPUs goes to queue `gpu-G` (`gpu`
 for one), and only a worker that holds G GPUs serves that queue, so a job never lands on a
 machine too small for it and a 1-GPU worker is never blocked by a message it cannot run.
+A multi-node job (resources.nodes > 1) goes to queue `ray` whatever its G: its ranks run on
+the Ray cluster's nodes, so the worker that claims it only drives it (lease, relay, cancel)
+and needs no GPU, and while it waits for Ray to place its nodes it must not hold a GPU worker
+that a one-node job behind it could use. `ray` driver workers serve it (`brorl up` starts one
+where BRORL_RAY_ADDRESS is set; compose's `ray-driver`).
 
 The API imports this module to enqueue by task name, so it must stay light: no torch, no
 trainer internals, and not even `worker.entrypoints` (the worker imports that through
@@ -35,22 +40,29 @@ from store.settings import Settings, get_settings
 RUN_JOB_TASK = "brorl.run_job"
 REAP_TASK = "brorl.reap"
 GPU_QUEUE = "gpu"
+RAY_QUEUE = "ray"  # multi-node jobs, driven by workers that need no GPU (docs/many-gpus.md)
 # The reaper runs on its own queue so that a CPU-only process (compose's `reaper` service)
 # can serve it while every GPU worker is busy with a long training task.
 MAINTENANCE_QUEUE = "maintenance"
 
 
 class Enqueue(Protocol):
-    """Sends "run job X" to the queue of its GPU count (call after the job row is committed)."""
+    """Sends "run job X" to the queue of its shape, `gpus` per node on `nodes` nodes (call after
+    the job row is committed)."""
 
-    def __call__(self, job_id: str, gpus: int = 1) -> None: ...
+    def __call__(self, job_id: str, gpus: int = 1, nodes: int = 1) -> None: ...
 
 
-def queue_for(gpus: int) -> str:
-    """The queue of jobs asking for `gpus` GPUs: `gpu` for one (the queue's name before jobs
-    could ask for more, so existing workers keep serving it), `gpu-<G>` otherwise."""
+def queue_for(gpus: int, nodes: int = 1) -> str:
+    """The queue of jobs asking for `gpus` GPUs on each of `nodes` nodes: `ray` for more than one
+    node; else `gpu` for one GPU (the queue's name before jobs could ask for more, so existing
+    workers keep serving it), `gpu-<G>` otherwise."""
     if gpus < 1:
         raise ValueError(f"a job needs at least 1 GPU, got {gpus}")
+    if nodes < 1:
+        raise ValueError(f"a job needs at least 1 node, got {nodes}")
+    if nodes > 1:
+        return RAY_QUEUE
     return GPU_QUEUE if gpus == 1 else f"{GPU_QUEUE}-{gpus}"
 
 
@@ -117,11 +129,12 @@ def make_app(settings: Settings | None = None) -> Celery:
 app = make_app()
 
 
-def send_job(celery: Celery, job_id: str, gpus: int = 1) -> None:
-    """Send "run job `job_id`" through `celery` to the queue of its GPU count."""
-    celery.send_task(RUN_JOB_TASK, args=[job_id], queue=queue_for(gpus))
+def send_job(celery: Celery, job_id: str, gpus: int = 1, nodes: int = 1) -> None:
+    """Send "run job `job_id`" through `celery` to the queue of its shape (`queue_for`)."""
+    celery.send_task(RUN_JOB_TASK, args=[job_id], queue=queue_for(gpus, nodes))
 
 
-def enqueue_job(job_id: str, gpus: int = 1) -> None:
-    """Ask a worker with `gpus` GPUs to run job `job_id` (call after the job row is committed)."""
-    send_job(app, job_id, gpus)
+def enqueue_job(job_id: str, gpus: int = 1, nodes: int = 1) -> None:
+    """Ask a worker with `gpus` GPUs (a Ray driver worker for `nodes` > 1) to run job `job_id`
+    (call after the job row is committed)."""
+    send_job(app, job_id, gpus, nodes)

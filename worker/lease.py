@@ -217,7 +217,7 @@ class Lease:
             return "paused"
         return self.write_outcome("paused", write)
 
-    def retry_or_fail(self, error: str, gpus: int, enqueue: Enqueue) -> str | None:
+    def retry_or_fail(self, error: str, gpus: int, enqueue: Enqueue, nodes: int = 1) -> str | None:
         """A machine fault: requeue (and enqueue on the job's queue) or fail past max_attempts;
         returns the status written, None when fenced or the database is unreachable."""
         def write(s: Session) -> str:
@@ -227,12 +227,12 @@ class Lease:
         status = self.write_outcome(f"a retry ({error})", write)
         if status == "queued":
             try:
-                enqueue(self.job_id, gpus=gpus)
+                enqueue(self.job_id, gpus=gpus, nodes=nodes)
             except Exception:  # noqa: BLE001 - it stays queued; the reaper enqueues it again
                 log.exception("job %s requeued but not enqueued; the reaper will", self.job_id)
         return status
 
-    def fail(self, exc: BaseException, gpus: int, enqueue: Enqueue) -> str | None:
+    def fail(self, exc: BaseException, gpus: int, enqueue: Enqueue, nodes: int = 1) -> str | None:
         """The outcome of work that raised: nothing when fenced, a retry for a machine fault,
         else `failed` with the user message (the traceback goes to this worker's log only)."""
         if self.state.fenced:
@@ -241,7 +241,7 @@ class Lease:
         log.error("job %s %s", self.job_id, "hit a machine fault" if retryable else "failed",
                   exc_info=exc)
         if retryable:
-            return self.retry_or_fail(user_message(exc), gpus, enqueue)
+            return self.retry_or_fail(user_message(exc), gpus, enqueue, nodes)
         return self.finish("failed", user_message(exc))
 
     def settle_with_result(self, result: dict[str, Any] | None, kind: str) -> str | None:

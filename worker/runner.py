@@ -38,8 +38,8 @@ def _settings_enqueue(settings: Settings) -> Enqueue:
     """Enqueue through a Celery app bound to `settings`: the broker this worker serves, also
     when a caller (a test, an embedded stack) runs a job with settings of its own."""
 
-    def enqueue(job_id: str, gpus: int = 1) -> None:
-        celery_app.send_job(celery_app.make_app(settings), job_id, gpus)
+    def enqueue(job_id: str, gpus: int = 1, nodes: int = 1) -> None:
+        celery_app.send_job(celery_app.make_app(settings), job_id, gpus, nodes)
 
     return enqueue
 
@@ -62,17 +62,18 @@ def run_job(job_id: str, settings: Settings | None = None,
 def reap_and_requeue(enqueue: Enqueue, settings: Settings | None = None) -> list[str]:
     """Requeue (or fail, past max_attempts: the store decides) jobs whose lease expired, and
     enqueue again queued jobs nobody claimed for `requeue_queued_after_seconds`; each goes to
-    the queue of its own GPU count."""
+    the queue of its own shape (GPU count; `ray` for a multi-node job)."""
     settings = settings or get_settings()
     with session_scope(settings.database_url) as s:
         job_ids = list(jobs.reap_expired(s))
         stale = jobs.stale_queued(s, settings.requeue_queued_after_seconds)
         gpus = jobs.job_gpus(s, job_ids + stale)
+        nodes = jobs.job_nodes(s, job_ids + stale)
     for job_id in job_ids:
         log.warning("lease of job %s expired; requeueing", job_id)
-        enqueue(job_id, gpus=gpus.get(job_id, 1))
+        enqueue(job_id, gpus=gpus.get(job_id, 1), nodes=nodes.get(job_id, 1))
     for job_id in stale:
         log.warning("job %s queued for over %ss without a claim; enqueueing again",
                     job_id, settings.requeue_queued_after_seconds)
-        enqueue(job_id, gpus=gpus.get(job_id, 1))
+        enqueue(job_id, gpus=gpus.get(job_id, 1), nodes=nodes.get(job_id, 1))
     return job_ids + stale

@@ -93,7 +93,7 @@ def _train_and_record(lease: Lease, spec: JobSpec, enqueue: Enqueue) -> str | No
                 return None
             except DatabaseUnavailable:
                 log.error("job %s: its last metric rows were not written", lease.job_id)
-        return lease.fail(exc, spec.resources.gpus_per_node, enqueue)
+        return lease.fail(exc, spec.resources.gpus_per_node, enqueue, spec.resources.nodes)
     finished_all = getattr(result, "stopped", True) is False
     return lease.settle(lambda: lease.finish("succeeded"), pausable=not finished_all)
 

@@ -124,11 +124,11 @@ class Enqueued(list):
         super().__init__()
         self.queues: dict[str, str] = {}
 
-    def __call__(self, job_id: str, gpus: int = 1) -> None:
+    def __call__(self, job_id: str, gpus: int = 1, nodes: int = 1) -> None:
         from worker.celery_app import queue_for
 
         self.append(job_id)
-        self.queues[job_id] = queue_for(gpus)
+        self.queues[job_id] = queue_for(gpus, nodes)
 
 
 @pytest.fixture

@@ -86,8 +86,12 @@ def test_many_nodes_only_where_a_ray_cluster_serves_their_shape(settings, enqueu
         two = client.post("/v1/jobs", json=two_nodes, headers=auth)
         five = client.post("/v1/jobs", json=make_spec(resources={"nodes": 5}), headers=auth)
         wide = client.post("/v1/jobs", json=make_spec(resources={"nodes": 2, "gpus_per_node": 4}), headers=auth)
-    assert two.status_code == 201, two.text
-    assert enqueued.queues == {two.json()["id"]: "gpu"}  # its worker's queue: one per GPU count
+        assert two.status_code == 201, two.text
+        assert enqueued.queues == {two.json()["id"]: "ray"}  # driven by a Ray driver worker, not a GPU worker
+        enqueued.queues.clear()  # paused and resumed: back to the same queue
+        assert client.post(f"/v1/jobs/{two.json()['id']}/pause", headers=auth).json()["status"] == "paused"
+        assert client.post(f"/v1/jobs/{two.json()['id']}/resume", headers=auth).json()["status"] == "queued"
+    assert enqueued.queues == {two.json()["id"]: "ray"}
     assert "at most 4 (BRORL_RAY_MAX_NODES)" in assert_error(five, 422, field="resources.nodes")["message"]
     err = assert_error(wide, 422, field="resources.gpus_per_node")
     assert "Ray nodes have 2 (BRORL_RAY_GPUS_PER_NODE)" in err["message"]

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import stat
 
-from cli.server import ensure_local_key, up_worker_command, worker_argv, worker_queues
+from cli.server import (RAY_DRIVERS, declare_queues, ensure_local_key, up_ray_driver_commands, up_worker_command, worker_argv,
+                        worker_queues)
 from store import keys
 from store.db import session_scope
 from store.settings import Settings
@@ -48,3 +49,27 @@ def test_brorl_up_serves_every_gpu_count(tmp_path, monkeypatch):
     monkeypatch.setenv("BRORL_GPU_COUNTS", "1,2,8")
     command = up_worker_command(Settings(data_dir=tmp_path))
     assert command[-2:] == ["--queues", "gpu,gpu-2,gpu-8"] and "--beat" in command
+
+
+def test_brorl_up_drives_multi_node_jobs_in_workers_of_their_own(tmp_path):
+    """Only where a Ray cluster is named; the `ray` queue alone (never a GPU queue: a job waiting
+    for its nodes must not hold up one-node jobs), several jobs at once (a process each), no beat."""
+    assert up_ray_driver_commands(Settings(data_dir=tmp_path)) == []
+    commands = up_ray_driver_commands(Settings(data_dir=tmp_path, ray_address="head:6379"))
+    assert len(commands) == RAY_DRIVERS >= 2
+    for command in commands:
+        assert command[command.index("--queues") + 1] == "ray" and "--beat" not in command
+        assert command[command.index("--pool") + 1] == "solo"  # a prefork child may not start the task build's
+
+
+def test_brorl_up_declares_its_workers_queues_before_starting_them(tmp_path):
+    """On the SQLite broker two workers creating one queue at once race (one dies of a UNIQUE
+    constraint): `brorl up` creates them all first."""
+    import sqlite3
+
+    settings = Settings(data_dir=tmp_path, ray_address="head:6379")
+    commands = [up_worker_command(settings), *up_ray_driver_commands(settings)]
+    assert declare_queues(settings, commands) == ["maintenance", "gpu", "ray"]
+    assert declare_queues(settings, commands) == ["maintenance", "gpu", "ray"]  # again: no error
+    with sqlite3.connect(tmp_path / "broker.db") as db:
+        assert {name for (name,) in db.execute("select name from kombu_queue")} >= {"maintenance", "gpu", "ray"}

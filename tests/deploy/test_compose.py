@@ -13,7 +13,7 @@ from tests.support.services import compose_command, compose_missing, require_ser
 REPO = Path(__file__).resolve().parents[2]
 
 
-RAY_SERVICES = {"ray-head", "ray-node"}
+RAY_SERVICES = {"ray-head", "ray-node", "ray-driver"}
 
 
 @pytest.mark.parametrize("profiles", [(), ("ray",)], ids=["default", "ray"])
@@ -60,5 +60,14 @@ def test_compose_file_shape():
     assert "--head" in services["ray-head"]["command"] and "ray-head:6379" in " ".join(services["ray-node"]["command"])
     assert "artifacts:/artifacts" in services["ray-node"]["volumes"]
     assert services["ray-node"]["environment"]["BRORL_CACHE_DIR"].startswith("/artifacts/")
+    # Multi-node jobs have their own queue, served by a driver that holds no GPU.
+    driver = services["ray-driver"]
+    assert driver["profiles"] == ["ray"] and "reservations" not in driver["deploy"].get("resources", {})
+    assert driver["command"][driver["command"].index("--queues") + 1] == "ray"
+    assert driver["command"][driver["command"].index("--pool") + 1] == "solo"  # prefork: no task build
+    assert driver["deploy"]["replicas"] >= 2  # one job may wait for its nodes while another runs
+    assert "artifacts:/artifacts" in driver["volumes"] and driver["image"] == services["worker"]["image"]
+    others = [svc["command"] for name, svc in services.items() if name != "ray-driver" and "--queues" in svc.get("command", [])]
+    assert others and not any("ray" in c[c.index("--queues") + 1].split(",") for c in others)
     assert Settings(ray_max_nodes=0).ray_max_nodes == 0 and "BRORL_RAY_ADDRESS" in env
     assert env["BRORL_BROKER_URL"] == "redis://redis:6379/0"

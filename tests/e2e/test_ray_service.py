@@ -4,7 +4,9 @@ The API accepts `nodes: 2` because the deployment names the cluster (BRORL_RAY_A
 BRORL_RAY_MAX_NODES). A job succeeds with every metric step once and says in its events that
 its ranks started on 2 nodes; a cancel mid-job ends it; a node lost mid-job fails the attempt
 as a machine fault and the retry, on the one node left (`resources.min_nodes: 1`), resumes the
-checkpoint and succeeds. After each, no rank is left and every resource of the cluster is free."""
+checkpoint and succeeds; a 3-node job, too big for the cluster, waits on `brorl up`'s Ray driver
+worker (queue `ray`) while a 1-node job submitted after it runs on its GPU worker, and a cancel
+ends the wait. After each, no rank is left and every resource of the cluster is free."""
 from __future__ import annotations
 
 import time
@@ -54,7 +56,8 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def stack(cluster: Cluster, tmp_path_factory) -> Iterator[Stack]:
     with running_stack(tmp_path_factory.mktemp("ray"), {
-            "BRORL_RAY_ADDRESS": cluster.address, "BRORL_RAY_MAX_NODES": "2", "BRORL_RAY_GPU_RESOURCE": GPU,
+            # 3 nodes accepted on a cluster of 2: a job that cannot be placed (the wait test).
+            "BRORL_RAY_ADDRESS": cluster.address, "BRORL_RAY_MAX_NODES": "3", "BRORL_RAY_GPU_RESOURCE": GPU,
             "BRORL_RAY_MEMORY_PER_RANK_GB": "1",
             "BRORL_HEARTBEAT_SECONDS": "1", "BRORL_RAY_SHRINK_AFTER_S": "1",
             "BRORL_TRAINER_ENTRYPOINT": None}) as stack:
@@ -106,6 +109,34 @@ def test_a_lost_node_fails_the_attempt_and_the_retry_resumes_on_the_node_left(cl
         cluster.wait_for_nodes()
 
 
+def test_a_job_too_big_to_place_waits_while_a_one_node_job_runs_then_is_cancelled(stack: Stack):
+    client = BrorlClient(stack.url, stack.key, timeout=30)
+    big = client.submit({**spec(2), "name": "too-big", "resources": {"nodes": 3, "gpus_per_node": 1}})
+
+    def waiting() -> list[dict]:
+        return [e["data"] for e in client.events(big["id"])["data"]
+                if e["type"] == "progress" and e["data"].get("phase") == "launch"]
+
+    try:
+        _wait_for(waiting, "launch wait event of the 3-node job", stack)
+        said = waiting()[0]
+        assert said["queue_position"] == 1 and not said["finished"], said
+        assert said["message"].startswith("waiting for 3 nodes"), said
+        # Submitted after it: a 1-node job runs on brorl up's own worker, which the waiting job
+        # does not hold (it sits on the Ray driver worker's queue).
+        small = client.submit({**spec(1), "name": "one-node", "resources": {"nodes": 1, "gpus_per_node": 1}})
+        done = client.wait(small["id"], poll=1, timeout=600)
+        assert done["status"] == "succeeded", (done.get("error"), stack.output()[-6000:])
+        assert client.get_job(big["id"])["status"] == "running"  # still waiting, its nodes never reserved
+        assert ray.available_resources().get(GPU) == ray.cluster_resources().get(GPU)
+    finally:
+        client.cancel(big["id"])
+    done = client.wait(big["id"], poll=1, timeout=300)
+    assert done["status"] == "cancelled", (done.get("error"), stack.output()[-6000:])
+    assert not client.metrics(big["id"])["data"]  # no step ran
+    _assert_all_free(stack)
+
+
 def _wait_for(ready, what: str, stack: Stack, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
@@ -114,15 +145,17 @@ def _wait_for(ready, what: str, stack: Stack, timeout: float = 300) -> None:
 
 
 def _assert_all_free(stack: Stack) -> None:
-    """The agents' actors and the placement group are released and no rank of the stack's jobs
-    is left (a removed node's resources no longer count)."""
+    """The agents' actors and the placement groups are released (none pending either) and no rank
+    of the stack's jobs is left (a removed node's resources no longer count)."""
     deadline = time.monotonic() + 30
     while True:
         free = all(ray.available_resources().get(r) == ray.cluster_resources().get(r) for r in (GPU, "memory"))
         ranks = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_rank_of(p, stack)]
-        if free and not ranks:
+        groups = [g["name"] for g in ray.util.placement_group_table().values()
+                  if g["name"].startswith("brorl-") and g["state"] != "REMOVED"]
+        if free and not ranks and not groups:
             return
-        assert time.monotonic() < deadline, (ray.available_resources(), ranks)
+        assert time.monotonic() < deadline, (ray.available_resources(), ranks, groups)
         time.sleep(0.2)
 
 

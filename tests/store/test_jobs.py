@@ -302,6 +302,13 @@ def test_job_gpus_reads_each_spec(session: Session, tenant: Tenant) -> None:
     assert jobs.job_gpus(session, []) == {}
 
 
+def test_job_nodes_reads_each_spec(session: Session, tenant: Tenant) -> None:
+    one = make_job(session, tenant)
+    wide = make_job(session, tenant, resources={"gpus_per_node": 2, "nodes": 3})
+    assert jobs.job_nodes(session, [one.id, wide.id]) == {one.id: 1, wide.id: 3}
+    assert jobs.job_nodes(session, []) == {}
+
+
 def test_stale_queued_jobs_are_returned_once_per_period(session: Session, tenant: Tenant) -> None:
     queued, running = make_job(session, tenant), make_job(session, tenant)
     _claim(session, running.id)

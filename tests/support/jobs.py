@@ -38,12 +38,12 @@ BASE_SPEC: dict[str, Any] = {
 
 
 def make_spec(name: str = "fake", max_attempts: int = 3,
-              max_wall_seconds: int = 3600, gpus: int = 1) -> dict[str, Any]:
+              max_wall_seconds: int = 3600, gpus: int = 1, nodes: int = 1) -> dict[str, Any]:
     """A small valid spec; the trainer double reads its options from `name`."""
     spec = copy.deepcopy(BASE_SPEC)
     spec["name"] = name
     spec["limits"] = {"max_attempts": max_attempts, "max_wall_seconds": max_wall_seconds}
-    spec["resources"] = {"gpus_per_node": gpus, "nodes": 1}
+    spec["resources"] = {"gpus_per_node": gpus, "nodes": nodes}
     return spec
 
 
@@ -75,7 +75,7 @@ def tenant_id(data_dir: Path) -> int:
 
 @pytest.fixture
 def new_job(tenant_id: int):
-    """new_job(name=..., max_attempts=..., max_wall_seconds=..., gpus=...) -> a queued job's id."""
+    """new_job(name=..., max_attempts=..., max_wall_seconds=..., gpus=..., nodes=...) -> a queued job's id."""
 
     def make(name: str = "fake", **kwargs: Any) -> str:
         spec = make_spec(name, **kwargs)

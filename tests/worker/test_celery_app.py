@@ -50,6 +50,23 @@ def test_each_gpu_count_has_its_own_queue():
         celery_app.queue_for(0)
 
 
+def test_a_multi_node_job_has_the_ray_queue_whatever_its_gpus():
+    """Its ranks run on Ray's nodes: a driver worker with no GPU claims it, never a GPU worker
+    that a one-node job could use while it waits for placement."""
+    assert [celery_app.queue_for(g, nodes=n) for g, n in ((1, 2), (8, 4), (2, 1))] == ["ray", "ray", "gpu-2"]
+    assert celery_app.RAY_QUEUE == "ray"
+    with pytest.raises(ValueError, match="at least 1 node"):
+        celery_app.queue_for(1, nodes=0)
+
+
+def test_enqueue_job_sends_a_multi_node_job_to_the_ray_queue(monkeypatch):
+    sent = []
+    monkeypatch.setattr(celery_app.app, "send_task",
+                        lambda name, args, queue: sent.append((name, args, queue)))
+    celery_app.enqueue_job("job_3", gpus=2, nodes=2)
+    assert sent == [(RUN_JOB_TASK, ["job_3"], "ray")]
+
+
 def test_enqueue_job_sends_a_multi_gpu_job_to_its_queue(monkeypatch):
     sent = []
     monkeypatch.setattr(celery_app.app, "send_task",

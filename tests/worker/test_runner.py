@@ -143,10 +143,10 @@ def test_wall_clock_limit_fails_the_job(new_job):
 class Sent(list):
     """A stand-in enqueue recording (job id, queue) pairs."""
 
-    def __call__(self, job_id: str, gpus: int = 1) -> None:
+    def __call__(self, job_id: str, gpus: int = 1, nodes: int = 1) -> None:
         from worker.celery_app import queue_for
 
-        self.append((job_id, queue_for(gpus)))
+        self.append((job_id, queue_for(gpus, nodes)))
 
 
 def _claim_and_expire(job_id: str) -> None:
@@ -169,15 +169,19 @@ def test_reaper_requeues_then_gives_up(new_job):
 
 
 def test_reaper_enqueues_each_job_on_the_queue_of_its_gpu_count(new_job, monkeypatch):
-    one, two = new_job(), new_job(gpus=2)
-    stale = new_job(gpus=2)
+    one, two, wide = new_job(), new_job(gpus=2), new_job(gpus=2, nodes=2)
+    stale, stale_wide = new_job(gpus=2), new_job(nodes=3)
     with session_scope() as s:  # as if unclaimed for longer than requeue_queued_after_seconds
         s.get(Job, stale).updated_at -= timedelta(days=1)
+        s.get(Job, stale_wide).updated_at -= timedelta(days=1)
     _claim_and_expire(one)
     _claim_and_expire(two)
+    _claim_and_expire(wide)
     sent = Sent()
-    assert sorted(runner.reap_and_requeue(sent)) == sorted([one, two, stale])
-    assert sorted(sent) == sorted([(one, "gpu"), (two, "gpu-2"), (stale, "gpu-2")])
+    assert sorted(runner.reap_and_requeue(sent)) == sorted([one, two, wide, stale, stale_wide])
+    # A multi-node job goes back to the Ray driver workers' queue, whatever its GPUs per node.
+    assert sorted(sent) == sorted([(one, "gpu"), (two, "gpu-2"), (wide, "ray"), (stale, "gpu-2"),
+                                   (stale_wide, "ray")])
 
 
 def test_a_machine_fault_requeues_the_job_on_its_queue(new_job):
@@ -197,6 +201,13 @@ def test_a_machine_fault_requeues_the_job_on_its_queue(new_job):
     assert job.status == JobStatus.failed and "rank 1 of 2 died" in job.error
     assert job.attempt == 2 and sent == [(job_id, "gpu-2")]
     assert [t for t, _ in events(job_id)][-1] == "failed"
+
+
+def test_a_multi_node_job_s_machine_fault_requeues_it_for_a_ray_driver(new_job):
+    job_id = new_job("fake rankdied", max_attempts=2, nodes=2)
+    sent = Sent()
+    assert runner.run_job(job_id, enqueue=sent) == "queued"
+    assert sent == [(job_id, "ray")]
 
 
 def test_a_machine_fault_after_a_cancel_request_cancels(new_job, tenant_id, monkeypatch):
