@@ -5,6 +5,8 @@ resource that stands for a GPU here), gloo ranks, builtin:tiny:
 - a job asking for more nodes than are free waits with an event and holds nothing while a
   smaller job runs, and a cancel ends the wait; a rank's memory (BRORL_RAY_MEMORY_PER_RANK_GB)
   counts in placement: a node with less does not take it;
+- a rank's process SIGKILLed mid-job (its node left alone) fails the attempt as a machine fault
+  (`RankDied` naming the rank and the signal);
 - a node removed mid-job fails the attempt as a machine fault (`RankDied`), and the next
   attempt, on the nodes that are left, resumes from the checkpoint; a cancel mid-step stops
   every rank at a step boundary; a fenced attempt kills them at once;
@@ -218,6 +220,42 @@ def test_a_fenced_attempt_kills_every_node_s_ranks_at_once(ray_env, tmp_path):
         _train(spec(2), tmp_path, should_stop=fenced)
     # (the fixture then checks that no rank, agent or group is left)
 
+
+def _rank_pid(under: Path, rank: int) -> int:
+    """The process of rank `rank` of the test's job (RANK in its environment), on whichever node."""
+    for pid in _ranks_alive(under):
+        try:
+            if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no rank {rank} running under {under}")
+
+
+def test_a_rank_killed_mid_job_is_a_machine_fault_and_nothing_is_left(ray_env, tmp_path):
+    """One rank's process SIGKILLed (the OOM killer, say) while its node stays: the attempt fails
+    as RankDied naming that rank and the signal, retryable, and the other node's rank is killed
+    too (the fixture checks no rank, agent or group is left)."""
+    import os
+    import signal
+
+    sink = ListSink()
+    killed: list[int] = []
+
+    def kill_rank_1() -> bool:
+        if not killed and sink.steps:  # mid-job: after rank 0's first figures
+            killed.append(_rank_pid(tmp_path, 1))
+            os.kill(killed[0], signal.SIGKILL)
+        return False
+
+    with pytest.raises(launch.RankDied) as died:
+        launch.train_on_ranks(spec(2, steps=30), sink, kill_rank_1, out_dir=tmp_path / "job",
+                              launcher=ray_launcher.RayLauncher())
+    assert killed and died.value.retryable
+    assert (died.value.rank, died.value.exitcode) == (1, -9), str(died.value)
+    exits = ControlFolder.of(tmp_path / "job").text(ray_launcher.EXITS)
+    assert '"1": -9' in exits and '"lost_nodes": []' in exits, exits
+    assert _last_step(sink) < 30
 
 def test_a_lost_node_is_a_machine_fault_and_the_retry_resumes_on_fewer_nodes(ray_env, tmp_path, monkeypatch):
     cluster, nodes = ray_env
