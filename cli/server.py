@@ -108,9 +108,9 @@ RAY_DRIVERS = 2
 def up_ray_driver_commands(settings) -> list[list[str]]:
     """`brorl up`'s workers for multi-node jobs (queue `ray`), where the deployment names a Ray
     cluster (BRORL_RAY_ADDRESS; the API refuses `resources.nodes > 1` otherwise); none where it
-    does not. RAY_DRIVERS processes of the solo pool rather than one prefork worker: a prefork
-    child is a daemonic process, and a job's task build starts a child of its own
-    (trainer.tasks.isolated), which a daemonic process may not."""
+    does not. RAY_DRIVERS processes of the solo pool, each driving one job in its main process
+    (a driver holds no GPU, so it needs no fresh child per job; a worker's warm shutdown then
+    reaches the job it drives, worker.entrypoints._stop_running_job)."""
     if not settings.ray_address:
         return []
     from worker.celery_app import RAY_QUEUE

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from celery.signals import worker_init, worker_shutting_down
+from celery.signals import worker_init, worker_process_init, worker_shutting_down
 
 from trainer.graders.sandbox.detect import layer_status
 from worker import lease, runner
@@ -39,6 +39,22 @@ def _stop_running_job(**_: object) -> None:
     # warm shutdown finishes them or the stop grace period kills them; either way the lease
     # and the reaper recover the job.
     lease.request_shutdown()
+
+
+@worker_process_init.connect
+def _allow_child_processes(**_: object) -> None:
+    # A prefork child is a daemonic billiard process, and billiard installs it as
+    # multiprocessing's current process too: every child a job starts (the task build's and
+    # the graders' process pools, torchrun's ranks) would fail with "daemonic processes are
+    # not allowed to have children", and a forkserver start with "Pickling an
+    # AuthenticationString object is disallowed" (billiard's own key type, which
+    # multiprocessing cannot send). The pool reaps this child either way; the job closes its
+    # own children before it returns.
+    import multiprocessing.process as mp_process
+
+    config = mp_process.current_process()._config  # noqa: SLF001 - no public setter once started
+    config["daemon"] = False
+    config["authkey"] = mp_process.AuthenticationString(bytes(config["authkey"]))  # same key
 
 
 @worker_init.connect

@@ -59,7 +59,7 @@ def test_brorl_up_drives_multi_node_jobs_in_workers_of_their_own(tmp_path):
     assert len(commands) == RAY_DRIVERS >= 2
     for command in commands:
         assert command[command.index("--queues") + 1] == "ray" and "--beat" not in command
-        assert command[command.index("--pool") + 1] == "solo"  # a prefork child may not start the task build's
+        assert command[command.index("--pool") + 1] == "solo"
 
 
 def test_brorl_up_declares_its_workers_queues_before_starting_them(tmp_path):

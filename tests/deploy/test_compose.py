@@ -64,7 +64,7 @@ def test_compose_file_shape():
     driver = services["ray-driver"]
     assert driver["profiles"] == ["ray"] and "reservations" not in driver["deploy"].get("resources", {})
     assert driver["command"][driver["command"].index("--queues") + 1] == "ray"
-    assert driver["command"][driver["command"].index("--pool") + 1] == "solo"  # prefork: no task build
+    assert driver["command"][driver["command"].index("--pool") + 1] == "solo"
     assert driver["deploy"]["replicas"] >= 2  # one job may wait for its nodes while another runs
     assert "artifacts:/artifacts" in driver["volumes"] and driver["image"] == services["worker"]["image"]
     others = [svc["command"] for name, svc in services.items() if name != "ray-driver" and "--queues" in svc.get("command", [])]

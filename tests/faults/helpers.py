@@ -93,8 +93,8 @@ class Stack:
         self.workers: list[subprocess.Popen] = []
 
     def start_worker(self, pool: str = "prefork") -> subprocess.Popen:
-        """A worker process; `solo` runs tasks in the main process, which the real trainer and
-        probe need (their scorer's process pool cannot start inside a daemonic prefork child)."""
+        """A worker process: `prefork` (one fresh child per job, production's GPU workers) or
+        `solo` (the job in the worker's main process, as `brorl up` runs it)."""
         log = open(self.folder / f"worker-{len(self.workers)}.log", "wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "worker", "--beat", "--pool", pool],
