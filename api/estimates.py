@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from store import estimates as store_estimates
 from store.datasets import get_dataset_unscoped
 from store.settings import Settings
-from store.tables import Dataset, Job, JobStatus
+from store.tables import Dataset, Job, JobKind, JobStatus
 from trainer.spec import JobSpec
 
 from api.schemas import QueuePublic
@@ -87,7 +87,9 @@ class JobEstimate(BaseModel):
     wall_time: WallTime
     memory: MemoryEstimate
     fits: bool | None = Field(None, description="false: the spec will not fit the workers' memory.")
-    queued_ahead: int = Field(description="Jobs queued now on the queue of this GPU count (every tenant).")
+    multi_node: bool = Field(False, description="It would wait on the multi-node queue (its Ray "
+                             "drivers'), not on the queue of its GPU count.")
+    queued_ahead: int = Field(description="Jobs queued now on the queue it would join (every tenant).")
 
 
 # --------------------------------------------------------------------------- from stored specs
@@ -205,7 +207,9 @@ def estimate(spec: JobSpec, session: Session, settings: Settings,
         wall_time=WallTime(seconds=parts["total"], parts=parts, derivation=_derivation(rate, model),
                            throughput=_throughput_public(rate),
                            past_accuracy=past_accuracy(past, defaults)),
-        memory=mem, fits=mem.fits, queued_ahead=store_estimates.queued_on(session, gpus))
+        memory=mem, fits=mem.fits, multi_node=spec.resources.nodes > 1,
+        queued_ahead=store_estimates.queued_on(session, store_estimates.queue_key(
+            JobKind.train, {"resources": spec.resources.model_dump()})))
 
 
 # --------------------------------------------------------------------------- queue and ETA
@@ -214,7 +218,7 @@ def queue_of(session: Session, job: Job) -> QueuePublic | None:
     place = store_estimates.queue_place(session, job)
     if place is None:
         return None
-    return QueuePublic(position=place.position, gpus=place.gpus,
+    return QueuePublic(position=place.position, gpus=place.gpus, multi_node=place.multi_node,
                        ahead=len(place.yours_ahead) + place.others_ahead,
                        yours_ahead=place.yours_ahead, others_ahead=place.others_ahead,
                        running=place.running)

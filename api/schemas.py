@@ -98,7 +98,9 @@ class JobSummary(_Public):
 
 class QueuePublic(BaseModel):
     position: int = Field(description="1: the next job a worker of this queue takes.")
-    gpus: int = Field(description="The queue: jobs asking for this many GPUs.")
+    gpus: int = Field(description="The queue: jobs asking for this many GPUs (per node).")
+    multi_node: bool = Field(description="The queue of every multi-node job instead (its Ray "
+                             "drivers'), whatever its GPUs per node.")
     ahead: int = Field(description="Queued jobs ahead of this one, every tenant's.")
     yours_ahead: list[str] = Field(description="Your jobs among them (others' are only counted).")
     others_ahead: int

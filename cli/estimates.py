@@ -43,15 +43,20 @@ def estimate_text(est: dict[str, Any]) -> str:
         lines.append(f"memory: {mem['total_gb']} GiB per rank{against}: {fit} "
                      f"({mem['params']:,} parameters, from {mem['params_from']})")
     lines.append(f"  {mem['note']}")
-    lines.append(f"queue: {est['queued_ahead']} job(s) queued on the {est['gpus']}-GPU queue now")
+    lines.append(f"queue: {est['queued_ahead']} job(s) queued on {queue_name(est)} now")
     return "\n".join(lines)
+
+
+def queue_name(place: dict[str, Any]) -> str:
+    """The queue a job waits on, in words (an estimate's or a queued job's `queue`)."""
+    return "the multi-node queue" if place.get("multi_node") else f"the {place['gpus']}-GPU queue"
 
 
 def progress_line(job: dict[str, Any]) -> str | None:
     """A queued job's place or a running job's ETA, in one line; None for other jobs."""
     queue = job.get("queue")
     if queue:
-        return (f"queued: position {queue['position']} on the {queue['gpus']}-GPU queue "
+        return (f"queued: position {queue['position']} on {queue_name(queue)} "
                 f"({len(queue['yours_ahead'])} of yours and {queue['others_ahead']} other(s) ahead, "
                 f"{queue['running']} running)")
     if job.get("eta_seconds") is not None:

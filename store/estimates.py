@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from store.job_queries import spec_gpus
+from store.job_queries import spec_gpus, spec_nodes
 from store.tables import Job, JobKind, JobStatus, Metric
 
 # Finished jobs a measurement draws on (the newest), the step rows read of each (its first
@@ -81,7 +81,8 @@ def recent_steps(s: Session, job_id: str, limit: int = RECENT_STEPS) -> StepTota
 @dataclass(frozen=True)
 class QueuePlace:
     position: int        # 1: the next job a worker of this queue takes
-    gpus: int            # the queue: jobs asking for this many GPUs
+    gpus: int            # the queue: jobs asking for this many GPUs (per node)
+    multi_node: bool     # the queue of every multi-node job instead (worker.celery_app.queue_for)
     yours_ahead: list[str]
     others_ahead: int    # other tenants' jobs ahead: a count, never ids
     running: int         # jobs of this queue running now (every tenant)
@@ -91,20 +92,28 @@ def _job_gpus(kind: JobKind, spec: Any) -> int:
     return 1 if kind == JobKind.probe else spec_gpus(spec)  # a probe runs on one GPU
 
 
+def queue_key(kind: JobKind, spec: Any) -> int | str:
+    """Which queue a job waits on, as worker.celery_app.queue_for picks it: every multi-node
+    job on one queue (its Ray drivers'), the others by their GPU count."""
+    if kind != JobKind.probe and spec_nodes(spec) > 1:
+        return "multi-node"
+    return _job_gpus(kind, spec)
+
+
 def queue_place(s: Session, job: Job) -> QueuePlace | None:
     """Where a queued job stands. Workers take a queue's messages in the order they were sent,
     which is submission order (ids are ULIDs), among queued jobs of the same GPU count,
     probes included; None when the job is not queued."""
     if job.status != JobStatus.queued:
         return None
-    gpus = _job_gpus(job.kind, job.spec)
+    gpus, key = _job_gpus(job.kind, job.spec), queue_key(job.kind, job.spec)
     rows = s.execute(select(Job.id, Job.tenant_id, Job.kind, Job.spec, Job.status)
                      .where(Job.status.in_([JobStatus.queued, JobStatus.running]))
                      .order_by(Job.id))
     yours: list[str] = []
     others = running = 0
     for job_id, tenant_id, kind, spec, status in rows:
-        if _job_gpus(JobKind(kind), spec) != gpus:
+        if queue_key(JobKind(kind), spec) != key:
             continue
         if status == JobStatus.running:
             running += 1
@@ -113,10 +122,10 @@ def queue_place(s: Session, job: Job) -> QueuePlace | None:
                 yours.append(job_id)
             else:
                 others += 1
-    return QueuePlace(len(yours) + others + 1, gpus, yours, others, running)
+    return QueuePlace(len(yours) + others + 1, gpus, key == "multi-node", yours, others, running)
 
 
-def queued_on(s: Session, gpus: int) -> int:
-    """Jobs queued now on the queue of `gpus` GPUs, every tenant's (a count)."""
+def queued_on(s: Session, key: int | str) -> int:
+    """Jobs queued now on the queue of `key` (`queue_key`), every tenant's (a count)."""
     rows = s.execute(select(Job.kind, Job.spec).where(Job.status == JobStatus.queued))
-    return sum(1 for kind, spec in rows if _job_gpus(JobKind(kind), spec) == gpus)
+    return sum(1 for kind, spec in rows if queue_key(JobKind(kind), spec) == key)

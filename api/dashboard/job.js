@@ -168,7 +168,7 @@
   /** A queued job's place in its GPU queue, or a running job's time left (GET /v1/jobs/{id}). */
   function etaText(j) {
     const q = j.queue;
-    if (q) return `queued: position ${q.position} on the ${q.gpus}-GPU queue (${q.yours_ahead.length} of yours, ${q.others_ahead} other(s) ahead; ${q.running} running)`;
+    if (q) return `queued: position ${q.position} on ${q.multi_node ? "the multi-node queue" : `the ${q.gpus}-GPU queue`} (${q.yours_ahead.length} of yours, ${q.others_ahead} other(s) ahead; ${q.running} running)`;
     if (j.eta_seconds == null) return "";
     const m = Math.round(j.eta_seconds / 60);
     return `about ${m < 1 ? "<1" : m} min left (ETA ${fmtTime(j.eta_at)})`;

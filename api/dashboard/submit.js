@@ -109,7 +109,7 @@
       `wall time: about ${duration(w.seconds)}. ${w.derivation}`,
       w.past_accuracy.jobs ? `past jobs: actual / estimate, median ${w.past_accuracy.median_actual_over_estimate} over ${w.past_accuracy.jobs}` : "past jobs: none to compare with yet",
       m.total_gb === null ? `memory: ${m.note}` : `memory: ${m.total_gb} GiB per rank${m.worker_gb ? ` of ${m.worker_gb} GiB` : ""}: ${fit}. ${m.note}`,
-      `queue: ${e.queued_ahead} job(s) queued on the ${e.gpus}-GPU queue now`,
+      `queue: ${e.queued_ahead} job(s) queued on ${e.multi_node ? "the multi-node queue" : `the ${e.gpus}-GPU queue`} now`,
     ];
   }
 

@@ -150,17 +150,41 @@ def test_queue_position_counts_other_tenants_without_showing_them(client, auth, 
     ids = [client.post("/v1/jobs", json=make_spec(), headers=h).json()["id"]
            for h in (auth, other_auth, auth, other_auth)]
     mine, theirs = client.get(f"/v1/jobs/{ids[2]}", headers=auth).json(), ids[1]
-    assert mine["queue"] == {"position": 3, "gpus": 1, "ahead": 2, "yours_ahead": [ids[0]],
-                             "others_ahead": 1, "running": 0}
+    assert mine["queue"] == {"position": 3, "gpus": 1, "multi_node": False, "ahead": 2,
+                             "yours_ahead": [ids[0]], "others_ahead": 1, "running": 0}
     assert theirs not in json.dumps(mine)
     with session_scope(database_url) as s:
         store_jobs.claim(s, ids[0], "w", lease_seconds=60)
     assert client.get(f"/v1/jobs/{ids[2]}", headers=auth).json()["queue"] == {
-        "position": 2, "gpus": 1, "ahead": 1, "yours_ahead": [], "others_ahead": 1, "running": 1}
+        "position": 2, "gpus": 1, "multi_node": False, "ahead": 1, "yours_ahead": [], "others_ahead": 1,
+        "running": 1}
     last = client.get(f"/v1/jobs/{ids[3]}", headers=other_auth).json()["queue"]
     assert last["position"] == 3 and last["yours_ahead"] == [ids[1]] and last["others_ahead"] == 1
     running = client.get(f"/v1/jobs/{ids[0]}", headers=auth).json()
     assert running["queue"] is None
+
+
+
+def test_multi_node_jobs_queue_apart_from_one_node_jobs(settings, enqueued, auth):
+    """A multi-node job waits on its Ray drivers' queue, not on its GPU count's: neither kind
+    counts ahead of the other, and the estimate names the queue it would join."""
+    served = settings.model_copy(update={"ray_address": "head:6379", "ray_max_nodes": 4,
+                                         "ray_gpus_per_node": 1})
+    with TestClient(create_app(served, enqueue=enqueued)) as client:
+        one = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
+        two = client.post("/v1/jobs", json=make_spec(resources={"nodes": 2}), headers=auth).json()["id"]
+        three = client.post("/v1/jobs", json=make_spec(resources={"nodes": 3}), headers=auth).json()["id"]
+        last = client.post("/v1/jobs", json=make_spec(), headers=auth).json()["id"]
+        place = {j: client.get(f"/v1/jobs/{j}", headers=auth).json()["queue"] for j in (one, two, three, last)}
+        est = client.post("/v1/jobs?dry_run=true", json=make_spec(resources={"nodes": 2}), headers=auth).json()
+        single = client.post("/v1/jobs?dry_run=true", json=make_spec(), headers=auth).json()
+    assert enqueued.queues == {one: "gpu", two: "ray", three: "ray", last: "gpu"}
+    assert (place[one]["position"], place[one]["multi_node"]) == (1, False)
+    assert (place[two]["position"], place[two]["multi_node"]) == (1, True)
+    assert place[three]["position"] == 2 and place[three]["yours_ahead"] == [two]
+    assert place[last]["position"] == 2 and place[last]["yours_ahead"] == [one]
+    assert (est["multi_node"], est["queued_ahead"]) == (True, 2)
+    assert (single["multi_node"], single["queued_ahead"]) == (False, 2)
 
 
 def test_a_running_job_has_an_eta_from_its_own_steps(client, auth, database_url):
