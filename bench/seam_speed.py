@@ -54,20 +54,23 @@ def one_step(root: Path, n: int, prompts: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, required=True, help="a checkout of the pre-seam commit")
+    parser.add_argument("--after", type=Path, default=REPO,
+                        help="the code to compare (default: this checkout; the seam's own commit, "
+                             "89eacc8, times the seam alone)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=8)
     args = parser.parse_args()
     runs = {"before": [], "after": []}
     for _ in range(args.reps):
-        for side, root in (("before", args.before.resolve()), ("after", REPO)):
+        for side, root in (("before", args.before.resolve()), ("after", args.after.resolve())):
             runs[side].append(one_step(root, args.n, args.prompts))
     med = {side: {k: statistics.median(r[k] for r in rs) for k in FIELDS} for side, rs in runs.items()}
     rows = [{"seconds (median)": k, "before the seam": med["before"][k], "after": med["after"][k],
              "after / before": med["after"][k] / med["before"][k]} for k in FIELDS]
     print_table(rows, ["seconds (median)", "before the seam", "after", "after / before"])
     OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / "seam_speed.json"
+    path = OUT / ("seam_speed.json" if args.after.resolve() == REPO else "seam_speed_alone.json")
     path.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                 "runs": runs, "median": med, "load": os.getloadavg()}, indent=1))
     print(f"wrote {path}")
