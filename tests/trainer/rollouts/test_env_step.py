@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import torch
 
-from tests.trainer.rollouts.test_multiturn import Env, Scripted
+from tests.support.scripted_engine import ScriptedEngine
+from tests.trainer.rollouts.test_multiturn import Env
 from trainer.algo.advantages import ADVANTAGES
 from trainer.algo.schedule import plan
 from trainer.models.tiny import build_untrained
@@ -35,7 +36,7 @@ def _run(script, reply, max_total=300):
             ok = [not t and x.strip() == ex.answer for x, ex, t in zip(texts, examples, truncated)]
             return SimpleNamespace(correct=ok, rewards=[float(c) for c in ok])
 
-    run = SimpleNamespace(spec=spec, stream=PromptStream(range(len(train)), 0, 0), engine=Scripted(tok, script),
+    run = SimpleNamespace(spec=spec, stream=PromptStream(range(len(train)), 0, 0), engine=ScriptedEngine(tok, script),
                           tokenizer=tok, task=SimpleNamespace(train=train), scorer=Scorer(), train_ids=None,
                           keep_rate_running=1.0, keep_rounds_seen=0, difficulty=None, env=Env(reply=reply),
                           stop_check=lambda: None, max_seq_len=4096, policy=model.train(),
@@ -122,7 +123,7 @@ def test_the_builtin_tools_environment_through_the_driver():
              '<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "<tool_call>{bad", "<answer>5</answer>"]
     env = job_environment(spec)
     try:
-        ep = run_episodes(Scripted(tok, lambda ctx, j: calls[ctx.count("<tool_response>")]), tok, env, Scorer(),
+        ep = run_episodes(ScriptedEngine(tok, lambda ctx, j: calls[ctx.count("<tool_response>")]), tok, env, Scorer(),
                           [SimpleNamespace(question="2+3?", answer="5", payload={})],
                           SamplingConfig(n=2, max_new_tokens=100), max_turns=5, max_total_tokens=2000,
                           reward_mode="grader")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from tests.support.chat_tokenizers import chat_tokenizer
 from tests.support.services import grader_sandbox_missing, needs_service
-from tests.trainer.rollouts.test_multiturn import Env, Scripted
+from tests.support.scripted_engine import ScriptedEngine
+from tests.trainer.rollouts.test_multiturn import Env
 from trainer.graders.scorer import GraderScorer
 from trainer.rollouts import SamplingConfig
 from trainer.rollouts.multiturn import run_episodes
@@ -26,7 +27,7 @@ CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 def test_a_python_grader_reads_the_episodes_tool_calls_and_transcript():
     tok = chat_tokenizer()
     # Sample 0 calls the tool, then answers; sample 1 answers the same without calling it.
-    engine = Scripted(tok, lambda ctx, j: "<answer>5</answer>" if "r1" in ctx else (CALL if j == 0 else "5"))
+    engine = ScriptedEngine(tok, lambda ctx, j: "<answer>5</answer>" if "r1" in ctx else (CALL if j == 0 else "5"))
     with GraderScorer(GRADER, reward="score", timeout_s=30.0) as scorer:
         ep = run_episodes(engine, tok, Env(), scorer, [Example("2 + 3 =", "5", {})],
                           SamplingConfig(n=2, max_new_tokens=200), max_turns=2, max_total_tokens=1000,

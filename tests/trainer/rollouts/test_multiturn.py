@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from tests.support.chat_tokenizers import chat_tokenizer
+from tests.support.scripted_engine import ScriptedEngine
 from trainer.models.tiny import build_untrained
-from trainer.rollouts import Generation, SamplingConfig
+from trainer.rollouts import SamplingConfig
 from trainer.rollouts.chat_tokens import ChatTokens
 from trainer.rollouts.environments.base import EnvReply
 from trainer.rollouts.multiturn import run_episodes
@@ -85,29 +86,6 @@ class Counting:
         return gen
 
 
-class Scripted:
-    """The model's turns as text: `script(context_text, call)` -> text; EOS appended unless cut
-    at max_new_tokens. Log-prob -1 per token."""
-
-    def __init__(self, tok, script):
-        self.tok, self.script, self.calls = tok, script, []
-
-    def generate(self, prompts, sampling):
-        self.calls.append((prompts, sampling))
-        out = Generation(prompt_index=[], token_ids=[], logprobs=[], finished=[])
-        for p, prompt in enumerate(prompts):
-            for j in range(sampling.n):
-                ids = self.tok(self.script(self.tok.decode(prompt), j), add_special_tokens=False)["input_ids"]
-                ids = ids + [self.tok.eos_token_id]
-                fin = len(ids) <= sampling.max_new_tokens
-                ids = ids[:sampling.max_new_tokens]
-                out.prompt_index.append(p)
-                out.token_ids.append(ids)
-                out.logprobs.append([-1.0] * len(ids))
-                out.finished.append(fin)
-        return out
-
-
 class Scorer:
     """Correct when the final text holds the example's answer; records what it read."""
 
@@ -164,7 +142,7 @@ def test_ends_by_done_max_turns_and_budget():
     tok = chat_tokenizer()
     # Sample 0 says done at its 1st reply (reward 0.5); the others go on.
     env = Env(reply=lambda k, s, ep: EnvReply(messages=[{"role": "tool", "content": "ok"}], done=(s == 0), reward=0.5))
-    engine = Scripted(tok, lambda ctx, j: "abc")
+    engine = ScriptedEngine(tok, lambda ctx, j: "abc")
     ep = run_episodes(engine, tok, env, Scorer(), _examples(("q", "abc")), SamplingConfig(n=2, max_new_tokens=50),
                       max_turns=3, max_total_tokens=10_000, reward_mode="env")
     assert ep.turns == [1, 3] and ep.truncated == [False, False] and ep.budget_truncated == [False, False]
@@ -188,7 +166,7 @@ def test_ends_by_done_max_turns_and_budget():
 def test_a_turn_cut_by_max_new_tokens_goes_on_but_a_cut_last_turn_is_truncated():
     tok = chat_tokenizer()
     env = Env()
-    engine = Scripted(tok, lambda ctx, j: "x" * 20)
+    engine = ScriptedEngine(tok, lambda ctx, j: "x" * 20)
     ep = run_episodes(engine, tok, env, Scorer(), _examples(("q", "x")), SamplingConfig(n=1, max_new_tokens=5),
                       max_turns=2, max_total_tokens=1000, reward_mode="grader")
     assert ep.turns == [2] and [t.truncated for _, _, t in env.turns_seen] == [True, True]
@@ -201,7 +179,7 @@ def test_an_environment_that_raises_ends_its_trajectory_only():
     env = Env(raise_at={(1, "step"): RuntimeError("tool server down"), (2, "start"): OSError("no sandbox"),
                         (3, "finish"): ValueError("rubric broke"), (4, "episode"): KeyError("bad row")},
               finish_reward=lambda e: 1.0)
-    engine = Scripted(tok, lambda ctx, j: "4")
+    engine = ScriptedEngine(tok, lambda ctx, j: "4")
     ep = run_episodes(engine, tok, env, Scorer(), _examples(("q", "4")), SamplingConfig(n=5, max_new_tokens=8),
                       max_turns=3, max_total_tokens=1000, reward_mode="sum")
     assert ep.env_errors == 4
@@ -231,7 +209,7 @@ def test_a_malformed_tool_call_is_answered_and_counted():
 
     texts = ['<tool_call>{"name": "add", "arguments": {"a": 2,</tool_call>',
              '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', "<answer>5</answer>"]
-    engine = Scripted(tok, lambda ctx, j: texts[ctx.count("<|im_start|>assistant") - 1])
+    engine = ScriptedEngine(tok, lambda ctx, j: texts[ctx.count("<|im_start|>assistant") - 1])
     ep = run_episodes(engine, tok, Env(reply=reply), Scorer(), _examples(("2+3?", "5")),
                       SamplingConfig(n=1, max_new_tokens=80), max_turns=4, max_total_tokens=2000, reward_mode="grader")
     assert ep.turns == [3] and ep.tool_calls == [2] and ep.tool_errors == [1]
@@ -246,7 +224,7 @@ def test_trained_ids_are_the_sampled_ids_under_a_template_that_changes_them():
     tok = chat_tokenizer()
     turns = ['<think>\nadd\n</think>\n\n<tool_call>{"name":"add","arguments":{"a":2,"b":3}}</tool_call>',
              "<think>\nit is 5\n</think>\n\n5", "<answer>10</answer>"]
-    engine = Scripted(tok, lambda ctx, j: turns[ctx.count("<|im_start|>assistant") - 1])
+    engine = ScriptedEngine(tok, lambda ctx, j: turns[ctx.count("<|im_start|>assistant") - 1])
     replies = [[{"role": "tool", "content": "5"}], [{"role": "user", "content": "Double it."}]]
     env = Env(reply=lambda k, s, ep: EnvReply(messages=replies[k - 1]) if k <= 2 else EnvReply(done=True),
               tools=[{"type": "function", "function": {"name": "add", "parameters": {"properties": {"a": {}, "b": {}}}}}])
@@ -268,7 +246,7 @@ def test_reward_modes_and_the_grader_sample():
     tok = chat_tokenizer()
     env = Env(reply=lambda k, s, ep: EnvReply(messages=[], done=True, reward=0.25 + s),
               finish_reward=lambda e: None)
-    engine = Scripted(tok, lambda ctx, j: ["7", "<tool_call>{\"name\": \"f\"}</tool_call> 8"][j])
+    engine = ScriptedEngine(tok, lambda ctx, j: ["7", "<tool_call>{\"name\": \"f\"}</tool_call> 8"][j])
     ex = _examples(("q", "8"))
     sampling = SamplingConfig(n=2, max_new_tokens=40)
     env_only = run_episodes(engine, tok, env, Scorer(), ex, sampling, max_turns=2, max_total_tokens=500, reward_mode="env")
@@ -304,7 +282,7 @@ def test_a_stop_between_turns_still_closes_every_episode():
             raise StopRequested
 
     with pytest.raises(StopRequested):
-        run_episodes(Scripted(tok, lambda ctx, j: "a"), tok, env, Scorer(), _examples(("q", "a")),
+        run_episodes(ScriptedEngine(tok, lambda ctx, j: "a"), tok, env, Scorer(), _examples(("q", "a")),
                      SamplingConfig(n=3, max_new_tokens=5), max_turns=5, max_total_tokens=500, check=check)
     assert sorted(env.closed) == [0, 1, 2]
 
@@ -320,7 +298,7 @@ def test_an_async_caller_is_served_on_a_thread_of_its_own():
     tok = chat_tokenizer()
 
     async def main():
-        return run_episodes(Scripted(tok, lambda ctx, j: "a"), tok, Env(), Scorer(), _examples(("q", "a")),
+        return run_episodes(ScriptedEngine(tok, lambda ctx, j: "a"), tok, Env(), Scorer(), _examples(("q", "a")),
                             SamplingConfig(n=1, max_new_tokens=5), max_turns=2, max_total_tokens=100)
 
     assert asyncio.run(main()).turns == [2]
@@ -328,7 +306,7 @@ def test_an_async_caller_is_served_on_a_thread_of_its_own():
 
 def test_episodes_to_rollouts_carries_the_transcripts():
     tok = chat_tokenizer()
-    ep = run_episodes(Scripted(tok, lambda ctx, j: "a"), tok, Env(), Scorer(), _examples(("q", "a")),
+    ep = run_episodes(ScriptedEngine(tok, lambda ctx, j: "a"), tok, Env(), Scorer(), _examples(("q", "a")),
                       SamplingConfig(n=2, max_new_tokens=5), max_turns=2, max_total_tokens=100)
     r = ep.to_rollouts()
     assert r.loss_mask == ep.loss_mask and r.model_lengths() == [4, 4]

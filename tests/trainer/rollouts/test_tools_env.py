@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from tests.support.scripted_engine import ScriptedEngine
 from tests.support.services import require_service
 from trainer.rollouts.environments import tool_schema
 from trainer.rollouts.environments.base import AssistantTurn, ToolCall
@@ -208,27 +209,6 @@ def test_malformed_calls_are_answered_without_a_sandbox(env):
     assert asyncio.run(episode.finish([])) is None
 
 
-class _Scripted:
-    """The model's turns as text, `script(context_text, sample)`; EOS appended."""
-
-    def __init__(self, tok, script):
-        self.tok, self.script = tok, script
-
-    def generate(self, prompts, sampling):
-        from trainer.rollouts import Generation
-
-        out = Generation(prompt_index=[], token_ids=[], logprobs=[], finished=[])
-        for p, prompt in enumerate(prompts):
-            for j in range(sampling.n):
-                ids = self.tok(self.script(self.tok.decode(prompt), j),
-                               add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-                out.prompt_index.append(p)
-                out.token_ids.append(ids[:sampling.max_new_tokens])
-                out.logprobs.append([-1.0] * len(ids[:sampling.max_new_tokens]))
-                out.finished.append(len(ids) <= sampling.max_new_tokens)
-        return out
-
-
 class _Scorer:
     def score(self, texts, examples, truncated):
         from types import SimpleNamespace
@@ -277,7 +257,7 @@ def test_run_episodes_with_the_real_sandbox():
         require_service("a tool sandbox", str(exc))  # skipped here, failed in CI
     examples = [Example("What is 40+2?", "42"), Example("What is 7+5?", "12")]
     try:
-        eps = run_episodes(_Scripted(tok, script), tok, env, _Scorer(), examples,
+        eps = run_episodes(ScriptedEngine(tok, script), tok, env, _Scorer(), examples,
                            SamplingConfig(n=2, max_new_tokens=200), max_turns=6,
                            max_total_tokens=4000, reward_mode="grader")
     finally:

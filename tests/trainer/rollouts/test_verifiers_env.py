@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.scripted_engine import ScriptedEngine
 from trainer.rollouts.environments import verifiers_env as ve
 from trainer.rollouts.environments.base import AssistantTurn, Episode, Environment, ToolCall
 from trainer.settings import trainer_settings
@@ -397,26 +398,9 @@ def test_close_stops_live_episodes_and_the_loop(guess):
 # ----------------------------------------------------------------------------- through the driver
 
 
-class _Sampler:
-    """A scripted engine: sample j's turn is a guess (`script(context_text, j)`), EOS-ended, each
-    token's log-prob distinct so a mix-up shows."""
-
-    def __init__(self, tok, script):
-        self.tok, self.script = tok, script
-
-    def generate(self, prompts, sampling):
-        from trainer.rollouts import Generation
-
-        out = Generation(prompt_index=[], token_ids=[], logprobs=[], finished=[])
-        for p, prompt in enumerate(prompts):
-            for j in range(sampling.n):
-                ids = self.tok(self.script(self.tok.decode(prompt), j), add_special_tokens=False)["input_ids"]
-                ids = (ids + [self.tok.eos_token_id])[:sampling.max_new_tokens]
-                out.prompt_index.append(p)
-                out.token_ids.append(ids)
-                out.logprobs.append([-0.01 * (len(prompt) + k) for k in range(len(ids))])
-                out.finished.append(ids[-1] == self.tok.eos_token_id)
-        return out
+def _Sampler(tok, script):  # noqa: N802 - reads as the engine it makes
+    """Each token's log-prob distinct (its position in the context), so a mix-up shows."""
+    return ScriptedEngine(tok, script, logprob=lambda context, k: -0.01 * (context + k))
 
 
 def test_the_environment_sees_the_sampled_token_ids_and_logprobs():
