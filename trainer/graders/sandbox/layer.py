@@ -41,7 +41,7 @@ from pathlib import Path
 from trainer.graders.settings import grader_settings
 
 SERVER = Path(__file__).with_name("server.py")
-SANDBOX_DIR = "/sandbox"  # the server and confine.py, read-only
+SANDBOX_DIR = "/sandbox"  # this folder (the server, its modules, confine.py), read-only
 SANDBOX_SERVER = f"{SANDBOX_DIR}/server.py"
 UNSAFE_ENV = "BRORL_UNSAFE_GRADERS"
 UID_RANGE = 65536

@@ -1,7 +1,8 @@
 """The program that runs INSIDE a grader sandbox: a server of grading requests that runs no
 tenant code itself.
 
-Standard library, `pyseccomp` and confine.py beside it only, and run as a plain script
+Standard library, `pyseccomp` and the modules beside it only (confine.py; server_core.py,
+the machinery the modes share; server_tools.py, the tools mode), and run as a plain script
 (`python -I server.py MODE CONFIG`): the sandbox shows it none of the project's other code. Frames on its stdin/stdout are
 a 4-byte length and JSON. At start the server
 - asks to die with its parent (no server outlives the service) and moves its protocol pipes to
@@ -25,195 +26,25 @@ the tenant's tools source, replays the trajectory's earlier calls with their out
 discarded (that is the trajectory's state) and runs the call with its output captured and
 capped; /tmp is emptied after every call. Between requests /tmp is emptied.
 """
-import ast
-import errno
 import io
 import json
 import math
 import os
 import resource
-import select
 import signal
 import struct
 import sys
-import tempfile
 import time
 
-# -I leaves the script's folder off sys.path: confine.py lives beside this file.
+# -I leaves the script's folder off sys.path: confine.py and server_*.py live beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import confine  # noqa: E402
 
-LIMITS = {}
-SERVER_PID = 0
-GRACE_S = 2.0  # past a sample's own timer, before the server kills its child
-
-
-class Timeout(BaseException):
-    """Raised by the per-sample timer; a BaseException so `except Exception` misses it."""
-
-
-_armed = False
-
-
-def _on_alarm(signum, frame):
-    # Only while a sample runs: a stray SIGALRM (a grader may send itself one) must not
-    # break the child's own loop between samples.
-    if _armed:
-        raise Timeout()
-
-
-def _read_exact(fd, n, deadline=None):
-    chunks = []
-    while n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError
-        chunk = os.read(fd, n)
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def recv(fd, deadline=None, max_size=64 * 1024 * 1024):
-    (size,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
-    if size > max_size:
-        raise ValueError("oversized frame")
-    return json.loads(_read_exact(fd, size, deadline))
-
-
-def send(fd, obj):
-    data = json.dumps(obj, default=repr).encode()
-    data = struct.pack(">I", len(data)) + data
-    while data:
-        data = data[os.write(fd, data):]
-
-
-# ---------------------------------------------------------------- the server's own setup
-
-def _private_fds():
-    """Protocol fds moved aside; 0 -> /dev/null, 1 and 2 -> the capped output file."""
-    fd_in, fd_out = os.dup(0), os.dup(1)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    # A private, already-unlinked file: servers sharing a /tmp (the unsafe layer) never
-    # see each other's output.
-    out, path = tempfile.mkstemp(prefix="grader-output-", dir="/tmp")
-    os.unlink(path)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(null), os.close(out)
-    return fd_in, fd_out
-
-
-def _empty_tmp():
-    """Nothing one request left in /tmp is there for the next: bubblewrap's private tmpfs
-    only (elsewhere /tmp is the host's, and nothing of the sandbox can write there)."""
-    if not LIMITS.get("private_tmp"):
-        return
-    for root, dirs, files in os.walk("/tmp", topdown=False):
-        for name in files + dirs:
-            path = os.path.join(root, name)
-            try:
-                if name in dirs and not os.path.islink(path):
-                    os.chmod(path, 0o700)
-                    os.rmdir(path)
-                else:
-                    os.unlink(path)
-            except OSError:
-                pass
-
-
-# ---------------------------------------------------------------- inside a child
-
-def _reset_streams():
-    """Fresh sys.stdout/err on fds 1/2: a stream whose flush failed (file size limit) keeps
-    its unwritten buffer and would fail again on every later sample."""
-    for name, fd in (("stdout", 1), ("stderr", 2)):
-        stream = getattr(sys, name)
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            replacement = open(os.dup(fd), "w", encoding="utf-8", errors="replace")
-            setattr(sys, name, replacement)
-            setattr(sys, f"__{name}__", replacement)
-
-
-def _output_tail():
-    _reset_streams()
-    try:
-        size = os.lseek(1, 0, os.SEEK_END)
-        os.lseek(1, max(0, size - 2048), os.SEEK_SET)
-        tail = os.read(1, 2048).decode("utf-8", "replace")
-    except OSError:
-        tail = ""
-    try:
-        os.ftruncate(1, 0)
-        os.lseek(1, 0, os.SEEK_SET)
-    except OSError:
-        pass
-    return tail
-
-
-def _timed(fn, timeout_s):
-    global _armed
-    _armed = True
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
-        return fn()
-    finally:
-        _armed = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-
-
-def _error(exc):
-    name = type(exc).__name__
-    return f"{name}: {exc}"[:2000]
-
-
-def _child(write_fd, work):
-    """In a forked child: lose every descriptor but fds 0-2 and the result pipe, die with
-    the server, fresh limits, the filter; then `work(write_fd)` and exit."""
-    try:
-        os.closerange(3, write_fd)
-        os.closerange(write_fd + 1, 1024)
-        confine.die_with(SERVER_PID)
-        confine.rlimits(LIMITS)
-        confine.lock_down(LIMITS)
-        work(write_fd)
-    finally:
-        os._exit(0)
-
-
-def _fork(work):
-    """(pid, read fd) of a child running `work`."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        _child(write_fd, work)
-    os.close(write_fd)
-    return pid, read_fd
-
-
-def _reap(pid, read_fd, kill=True):
-    """Kill (if asked) and wait for a child; its wait status."""
-    if kill:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    os.close(read_fd)
-    return os.waitpid(pid, 0)[1]
-
-
-def _death(status):
-    if os.WIFSIGNALED(status):
-        return f"killed by signal {os.WTERMSIG(status)}"
-    return f"exited with status {os.WEXITSTATUS(status)}"
-
+import server_core as core  # noqa: E402
+from server_core import (  # noqa: E402
+    GRACE_S, LIMITS, Timeout, _CappedText, _collect, _death, _empty_tmp, _error, _fork,
+    _on_alarm, _output_tail, _private_fds, _reap, _timed, recv, send)
+from server_tools import serve_tools  # noqa: E402
 
 # ---------------------------------------------------------------------------- python mode
 
@@ -338,13 +169,6 @@ def serve_python(request, reply):
 
 # ---------------------------------------------------------------------------- code mode
 
-class _CappedText(io.StringIO):
-    def write(self, s):
-        if self.tell() + len(s) > LIMITS["output_bytes"]:
-            raise OSError(errno.EFBIG, "output limit exceeded")
-        return super().write(s)
-
-
 def _run_test(source, test, namespace, timeout_s):
     out = _CappedText()
     sys.stdout = out
@@ -393,21 +217,6 @@ def _program_work(program, timeout_s, budget_s):
     return work
 
 
-def _collect(read_fd, deadline):
-    chunks, size, cap = [], 0, 2 * LIMITS["output_bytes"] + 65536
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([read_fd], [], [], left)[0]:
-            return None, "timeout"
-        chunk = os.read(read_fd, 65536)
-        if not chunk:
-            return b"".join(chunks), None
-        size += len(chunk)
-        if size > cap:
-            return None, "output limit exceeded"
-        chunks.append(chunk)
-
-
 def _one_program(program, timeout_s, cap_s):
     # Each test has its own timer; the program as a whole has the operator's per-sample
     # bound too, whatever the number of tests.
@@ -432,208 +241,10 @@ def serve_code(request, reply):
         reply(n, _one_program(program, request["timeout_s"], request["cap_s"]))
 
 
-# ---------------------------------------------------------------------------- tools mode
-
-class _Discard(io.TextIOBase):
-    """Where a replayed call's output goes: nowhere (and never over a limit)."""
-
-    def writable(self):
-        return True
-
-    def write(self, s):
-        return len(s)
-
-
-def _cut(text, limit):
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
-
-
-def _tool_text(value, printed):
-    """A tool's answer as text: a str as it is, None as what it printed, anything else as
-    JSON (its repr where JSON cannot carry it)."""
-    if value is None:
-        return printed
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError, RecursionError):
-        return repr(value)
-
-
-def _run_cell(code, namespace):
-    """Run a code interpreter cell: statements, then the value of a final expression
-    printed (as a notebook shows it)."""
-    tree = ast.parse(code, "<cell>")
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, "<cell>", "exec"), namespace)
-    if last is not None:
-        value = eval(compile(last, "<cell>", "eval"), namespace)
-        if value is not None:
-            print(repr(value))
-
-
-def _call_tool(call, tools, shell):
-    """Run one call (output already redirected); its return value."""
-    if call.get("interpreter"):
-        return _run_cell(call["arguments"]["code"], shell)
-    fn = tools.get(call["name"])
-    if not callable(fn) or (call["name"].startswith("_") and not call.get("reward")):
-        raise NameError(f"no tool named {call['name']!r}")
-    return fn(**call["arguments"])
-
-
-def _where(exc):
-    """' (line N)' of the innermost frame of the tenant's own code, if any."""
-    tb, line = exc.__traceback__, None
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename in ("<cell>", "tools.py"):
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    if isinstance(exc, SyntaxError):
-        return ""  # its message names the line
-    return f" (line {line})" if line else ""
-
-
-def _tool_work(items, n, timeout_s, replay_s):
-    """A child's work: load the tools, replay the trajectory's earlier calls with their
-    output discarded (the trajectory's state), then run the call with its output captured."""
-    item = items[n]
-
-    def work(write_fd):
-        import random
-
-        for other in items:  # the batch's other calls are none of this one's business
-            if other is not item:
-                other.clear()
-
-        cpu = int(math.ceil(timeout_s * 2 + replay_s)) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        random.seed(item["seed"])  # replays draw the same numbers as the first run
-        tools, shell = {"__name__": "tools"}, {"__name__": "__main__"}
-        limit = item["max_chars"]
-        result = None
-        sys.stdout = sys.stderr = _Discard()
-        start = time.monotonic()
-        if item.get("source") is not None:
-            try:
-                _timed(lambda: exec(compile(item["source"], "tools.py", "exec"), tools),
-                       timeout_s)
-            except Timeout:
-                result = {"error": "timeout", "content": f"loading the tools took over "
-                          f"{timeout_s:g} s"}
-            except BaseException as exc:  # noqa: BLE001 - the tenant's error, reported
-                result = {"error": "setup", "content": "loading the tools failed: "
-                          + _error(exc) + _where(exc)}
-        if result is None and item["history"]:
-            def replay():
-                for earlier in item["history"]:
-                    if item.get("reward") and earlier.get("interpreter"):
-                        # The reward judges what the tools did: the model's own code
-                        # (which could reach the tools' globals) is not replayed for it.
-                        continue
-                    try:
-                        _call_tool(earlier, tools, shell)
-                    except Timeout:
-                        raise
-                    except BaseException:  # noqa: BLE001 - it failed the first time too
-                        pass
-            try:
-                _timed(replay, replay_s)
-            except Timeout:
-                result = {"error": "replay", "content": "restoring this conversation's "
-                          f"state (its earlier calls) took over {replay_s:g} s"}
-        if result is None:
-            out = _CappedText()
-            sys.stdout = sys.stderr = out
-            began = time.monotonic()
-            def call():
-                value = _call_tool(item, tools, shell)
-                # Under the timer too: a returned object's repr is the tenant's code.
-                return (out.getvalue() if item.get("interpreter")
-                        else _tool_text(value, out.getvalue()))
-
-            try:
-                result = {"error": None, "content": _cut(_timed(call, timeout_s), limit)}
-            except Timeout:
-                result = {"error": "timeout", "content": f"the call took over {timeout_s:g} s"}
-            except BaseException as exc:  # noqa: BLE001 - the tool's error is the answer
-                capped = isinstance(exc, OSError) and exc.errno == errno.EFBIG
-                printed = "" if capped else out.getvalue()
-                text = _error(exc) + _where(exc)
-                if capped:
-                    text = (f"output limit exceeded: the call printed over "
-                            f"{LIMITS['output_bytes']} bytes")
-                result = {"error": "output" if capped else "raised",
-                          "content": _cut(text + (f"\n[output before the error]\n{printed}"
-                                                  if printed else ""), limit)}
-            result["seconds"] = time.monotonic() - began
-        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-        result["total_s"] = time.monotonic() - start
-        data = json.dumps(result).encode()
-        while data:
-            data = data[os.write(write_fd, data):]
-    return work
-
-
-_TOOL_ERRORS = (None, "raised", "timeout", "setup", "replay", "output", "crashed")
-
-
-def _checked_tool(raw):
-    """Only the fields a tool result has, of the types it has: nothing else crosses."""
-    if not isinstance(raw, dict) or raw.get("error") not in _TOOL_ERRORS:
-        raise ValueError("not a tool result")
-    seconds = raw.get("seconds")
-    if seconds is not None and (isinstance(seconds, bool) or not isinstance(
-            seconds, (int, float)) or not math.isfinite(seconds)):
-        raise ValueError("bad seconds")
-    return {"error": raw["error"], "content": str(raw.get("content") or ""),
-            "seconds": seconds}
-
-
-def _one_tool(items, n, timeout_s, cap_s):
-    replay_s = max(0.0, min(float(items[n].get("replay_s") or 0.0), cap_s))
-    budget_s = timeout_s * 2 + replay_s  # loading the tools, replaying, the call
-    pid, read_fd = _fork(_tool_work(items, n, timeout_s, replay_s))
-    data, error = _collect(read_fd, time.monotonic() + budget_s + GRACE_S)
-    status = _reap(pid, read_fd, kill=error is not None)
-    if error == "timeout":
-        return {"error": "timeout", "content": f"the call took over {timeout_s:g} s (killed)",
-                "seconds": None}
-    if error is None and os.WIFSIGNALED(status):
-        error = _death(status)
-    if error is None and not data:
-        error = f"the tool's process {_death(status)}"
-    if error is None:
-        try:
-            return _checked_tool(json.loads(data))
-        except (ValueError, RecursionError):
-            error = "the tool's process corrupted its result stream"
-    return {"error": "output" if "limit" in error else "crashed", "content": error,
-            "seconds": None}
-
-
-def serve_tools(request, reply):
-    """One fresh child per call: nothing of one call (or trajectory) is there for the next
-    but what it replays itself."""
-    for n, item in enumerate(request["items"]):
-        reply(n, _one_tool(request["items"], n, request["timeout_s"], request["cap_s"]))
-        _empty_tmp()
-        try:
-            os.ftruncate(1, 0)
-            os.lseek(1, 0, os.SEEK_SET)
-        except OSError:
-            pass
-
-
 def main():
-    global LIMITS, SERVER_PID
-    mode, LIMITS = sys.argv[1], json.loads(sys.argv[2])
-    SERVER_PID = os.getpid()
+    mode = sys.argv[1]
+    LIMITS.update(json.loads(sys.argv[2]))  # in place: every module's LIMITS is this dict
+    core.SERVER_PID = os.getpid()
     confine.die_with(LIMITS.get("parent"))
     signal.signal(signal.SIGALRM, _on_alarm)
     import pyseccomp  # noqa: F401 - now, once: finding libseccomp runs ldconfig (a fork)
