@@ -86,4 +86,5 @@ def test_evaluate_from_the_job_page(stack, models, page):
     expect(listed.locator("td").nth(3)).to_have_text("3")
     expect(listed.locator("td").nth(6)).to_have_text(
         f"+{len(ckpt['changes']['gained'])} / −{len(ckpt['changes']['lost'])}")
+    page.locator("#evaluate").scroll_into_view_if_needed()  # the shot shows the controls and the table
     shot(page, "job-evaluations.png")
