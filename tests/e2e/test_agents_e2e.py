@@ -31,6 +31,7 @@ import pytest
 
 from cli.client import BrorlAPIError, BrorlClient
 from tests.dashboard import conftest as dashboard
+from tests.dashboard.helpers import shot
 from tests.support.openenv_server import guess_server
 from tests.support.services import grader_sandbox_missing, needs_service
 from tests.support.tinyprebuild import SHARED_SEED, shared_model_dir, shared_task
@@ -370,6 +371,8 @@ def test_the_jobs_page_reads_real_episodes_turn_by_turn(finished, stack, browser
                     expect(row.locator(".turn-tool").nth(i)).to_contain_text(text[:60])
                     assert ("turn-error" in row.locator(".turn-tool").nth(i).get_attribute("class")) == \
                         text.startswith("error:")
+            page.locator("#samples").scroll_into_view_if_needed()
+            shot(page, f"agent-job-{kind}.png")
             if kind == "tools":   # the model's add(1, 2), and the sandbox's answer after it
                 expect(page.locator("#samples .tool-args").filter(has_text='{ "a": 1, "b": 2 }').first).to_be_visible()
                 expect(page.locator("#samples .turn-tool:not(.turn-error) pre").filter(has_text="3").first).to_be_visible()
