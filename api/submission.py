@@ -251,8 +251,7 @@ def resume_job(session: Session, settings: Settings, tenant_id: int, job_id: str
     session.commit()
     if job.status == JobStatus.queued:
         try:
-            enqueue(job.id, gpus=jobs.job_gpus(session, [job.id]).get(job.id, 1),
-                    nodes=jobs.job_nodes(session, [job.id]).get(job.id, 1))
+            enqueue(job.id, gpus=jobs.spec_gpus(job.spec), nodes=jobs.spec_nodes(job.spec))
         except Exception:  # it stays queued; requeue recovers it
             log.exception("job %s resumed but could not be enqueued; it stays queued", job.id)
     return job

@@ -32,20 +32,23 @@ def get_job_unscoped(s: Session, job_id: str) -> Job | None:
     return s.get(Job, job_id, populate_existing=True)
 
 
-def spec_gpus(spec: Any) -> int:
-    """`resources.gpus_per_node` of a stored spec (1 when absent: specs stored before jobs
-    could ask for more)."""
+def _resource(spec: Any, name: str) -> int:
+    """`resources.<name>` of a stored spec, 1 when absent (specs stored before jobs could ask
+    for more)."""
     resources = spec.get("resources") if isinstance(spec, dict) else None
-    value = resources.get("gpus_per_node") if isinstance(resources, dict) else None
+    value = resources.get(name) if isinstance(resources, dict) else None
     return int(value) if value else 1
+
+
+def spec_gpus(spec: Any) -> int:
+    """`resources.gpus_per_node` of a stored spec."""
+    return _resource(spec, "gpus_per_node")
 
 
 def spec_nodes(spec: Any) -> int:
-    """`resources.nodes` of a stored spec (1 when absent: specs stored before jobs could span
-    nodes). A job of more than one node is sent to the Ray driver workers' queue."""
-    resources = spec.get("resources") if isinstance(spec, dict) else None
-    value = resources.get("nodes") if isinstance(resources, dict) else None
-    return int(value) if value else 1
+    """`resources.nodes` of a stored spec. A job of more than one node is sent to the Ray
+    driver workers' queue."""
+    return _resource(spec, "nodes")
 
 
 # Specs stored without limits (older rows) get the spec's own default.
@@ -61,20 +64,13 @@ def spec_max_attempts(spec: Any) -> int:
     return int(value) if value else DEFAULT_MAX_ATTEMPTS
 
 
-def job_gpus(s: Session, job_ids: list[str]) -> dict[str, int]:
-    """job id -> the GPU count its spec asks for, which picks its queue (worker and reaper)."""
+def job_shapes(s: Session, job_ids: list[str]) -> dict[str, tuple[int, int]]:
+    """job id -> (GPUs per node, nodes) its spec asks for, which pick its queue (the reaper),
+    in one read of the specs."""
     if not job_ids:
         return {}
     rows = s.execute(select(Job.id, Job.spec).where(Job.id.in_(job_ids)))
-    return {job_id: spec_gpus(spec) for job_id, spec in rows}
-
-
-def job_nodes(s: Session, job_ids: list[str]) -> dict[str, int]:
-    """job id -> the nodes its spec asks for (with `job_gpus`, what picks its queue)."""
-    if not job_ids:
-        return {}
-    rows = s.execute(select(Job.id, Job.spec).where(Job.id.in_(job_ids)))
-    return {job_id: spec_nodes(spec) for job_id, spec in rows}
+    return {job_id: (spec_gpus(spec), spec_nodes(spec)) for job_id, spec in rows}
 
 
 def continuations(s: Session, tenant_id: int, job_id: str) -> list[Job]:

@@ -33,8 +33,7 @@ from store.job_queries import (  # re-exported: store.jobs is the one entry poin
     get_checkpoint,
     get_job,
     get_job_unscoped,
-    job_gpus,
-    job_nodes,
+    job_shapes,
     latest_checkpoint,
     list_checkpoints,
     list_events,
@@ -42,7 +41,9 @@ from store.job_queries import (  # re-exported: store.jobs is the one entry poin
     list_metrics,
     list_samples,
     metric_page_raw,
+    spec_gpus,
     spec_max_attempts,
+    spec_nodes,
 )
 from store.tables import (
     TERMINAL_STATUSES,
@@ -61,10 +62,10 @@ from store.tables import (
 
 __all__ = [
     "Claim", "add_event", "claim", "continuations", "count_jobs_by_status", "create_job", "finish",
-    "get_checkpoint", "get_job", "get_job_unscoped", "heartbeat", "job_gpus", "job_nodes", "latest_checkpoint",
+    "get_checkpoint", "get_job", "get_job_unscoped", "heartbeat", "job_shapes", "latest_checkpoint",
     "list_checkpoints", "list_events", "list_jobs", "list_metrics", "reap_expired",
     "record_checkpoint", "record_metrics", "record_progress", "record_result", "request_cancel",
-    "retry_or_fail", "spec_hash",
+    "retry_or_fail", "spec_gpus", "spec_hash", "spec_nodes",
 ]
 
 # The compare-and-set UPDATEs below don't touch Job objects already loaded in the session;

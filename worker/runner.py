@@ -67,13 +67,14 @@ def reap_and_requeue(enqueue: Enqueue, settings: Settings | None = None) -> list
     with session_scope(settings.database_url) as s:
         job_ids = list(jobs.reap_expired(s))
         stale = jobs.stale_queued(s, settings.requeue_queued_after_seconds)
-        gpus = jobs.job_gpus(s, job_ids + stale)
-        nodes = jobs.job_nodes(s, job_ids + stale)
+        shapes = jobs.job_shapes(s, job_ids + stale)
     for job_id in job_ids:
         log.warning("lease of job %s expired; requeueing", job_id)
-        enqueue(job_id, gpus=gpus.get(job_id, 1), nodes=nodes.get(job_id, 1))
+        gpus, nodes = shapes.get(job_id, (1, 1))
+        enqueue(job_id, gpus=gpus, nodes=nodes)
     for job_id in stale:
         log.warning("job %s queued for over %ss without a claim; enqueueing again",
                     job_id, settings.requeue_queued_after_seconds)
-        enqueue(job_id, gpus=gpus.get(job_id, 1), nodes=nodes.get(job_id, 1))
+        gpus, nodes = shapes.get(job_id, (1, 1))
+        enqueue(job_id, gpus=gpus, nodes=nodes)
     return job_ids + stale

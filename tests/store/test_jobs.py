@@ -295,18 +295,13 @@ def test_retry_or_fail_cancels_a_job_whose_cancel_was_requested(
     assert jobs.get_job_unscoped(session, job.id).status == JobStatus.cancelled
 
 
-def test_job_gpus_reads_each_spec(session: Session, tenant: Tenant) -> None:
+def test_job_shapes_reads_each_spec(session: Session, tenant: Tenant) -> None:
     one = make_job(session, tenant)
     two = make_job(session, tenant, resources={"gpus_per_node": 2, "nodes": 1})
-    assert jobs.job_gpus(session, [one.id, two.id]) == {one.id: 1, two.id: 2}
-    assert jobs.job_gpus(session, []) == {}
-
-
-def test_job_nodes_reads_each_spec(session: Session, tenant: Tenant) -> None:
-    one = make_job(session, tenant)
     wide = make_job(session, tenant, resources={"gpus_per_node": 2, "nodes": 3})
-    assert jobs.job_nodes(session, [one.id, wide.id]) == {one.id: 1, wide.id: 3}
-    assert jobs.job_nodes(session, []) == {}
+    assert jobs.job_shapes(session, [one.id, two.id, wide.id]) == {
+        one.id: (1, 1), two.id: (2, 1), wide.id: (2, 3)}
+    assert jobs.job_shapes(session, []) == {}
 
 
 def test_stale_queued_jobs_are_returned_once_per_period(session: Session, tenant: Tenant) -> None:
