@@ -183,8 +183,8 @@ class _Driver:
                                       seed=seed)
             gen = self.engine.generate(contexts, cfg)
             calls += 1
-            for t, ids, lps, fin in zip(group, gen.token_ids, gen.logprobs, gen.finished):
-                self._take(t, list(ids), list(lps), bool(fin), allowance[id(t)], turn)
+            for t, p, ids, lps, fin in zip(group, gen.prompt_index, gen.token_ids, gen.logprobs, gen.finished):
+                self._take(t, contexts[p], list(ids), list(lps), bool(fin), allowance[id(t)], turn)
         self.gen_s += time.perf_counter() - t0
         self.engine_calls.append(calls)
 
@@ -209,11 +209,11 @@ class _Driver:
         return [([t for m in groups for t in m], [groups_m[0].prompt for groups_m in groups])
                 for _, groups in sorted(by_n.items())]
 
-    def _take(self, t: _Trajectory, ids: list[int], lps: list[float], finished: bool, allowance: int,
-              turn: int) -> None:
+    def _take(self, t: _Trajectory, context: list[int], ids: list[int], lps: list[float], finished: bool,
+              allowance: int, turn: int) -> None:
+        """`context`: the engine's prompt this turn was sampled from (the request's own list)."""
         cut_by_budget = len(ids) > allowance or (not finished and len(ids) >= allowance)
         ids, lps = ids[:allowance], lps[:allowance]
-        context = t.prompt + t.ids       # what this turn was sampled from
         t.ids += ids
         t.logprobs += lps
         t.mask += [1] * len(ids)
